@@ -1,0 +1,74 @@
+"""Local stand-ins the tests build themselves: a tiny byte-level BPE tokenizer and a tiny random
+Qwen3, written to a temp folder and loaded back through the product's real from_pretrained code."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(ROOT))
+
+EOS = "<|endoftext|>"
+CORPUS = [
+    "You are a helpful math assistant. Answer the question and write the final result on a new line as:",
+    "\\boxed{ANSWER} Question: Answer: What is 1 + 1? The answer is \\boxed{2}.",
+    "Let x = 3. Then 2x + 1 = 7, so \\boxed{7}. \\frac{1}{2} \\sqrt{2} 0123456789 ()[]{}+-*/=^_",
+    "The sum of the roots is 5 and the product is 6, therefore \\boxed{(2, 3)}.",
+]
+
+
+def build_tiny_tokenizer(folder: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast.save_pretrained(folder)
+    return fast
+
+
+def build_tiny_qwen3(folder: Path, vocab_size: int, seed: int = 0, **overrides):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
+               tie_word_embeddings=True, eos_token_id=0, bos_token_id=0, pad_token_id=0)
+    cfg.update(overrides)
+    model = AutoModelForCausalLM.from_config(Qwen3Config(**cfg), dtype=torch.float32)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-qwen3")
+    tok = build_tiny_tokenizer(folder)
+    assert tok.convert_tokens_to_ids(EOS) == 0
+    build_tiny_qwen3(folder, vocab_size=len(tok))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_data_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "problems.json"
+    records = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i), "level": "Level 1"} for i in range(12)]
+    path.write_text(json.dumps(records))
+    return path
+
+
+@pytest.fixture()
+def tiny_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return (AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval(),
+            AutoTokenizer.from_pretrained(tiny_model_dir))

@@ -1,0 +1,666 @@
+"""rlvr: one-GPU RLVR on a base model, exactly as ../shared/SPEC.md describes it.
+
+For each problem: sample a group of rollouts, score them with a final-answer verifier (1 or 0),
+standardize the rewards within the group, backpropagate the sequence-sum policy-gradient loss one
+response at a time, clip the gradient and take one AdamW step. One table row per step on stdout.
+
+    python train_rlvr.py [--config config.yaml] [key=value ...]
+
+Read top to bottom: config, data and prompt, rollouts, rewards, advantages, log-probabilities and
+loss, optimizer step, logging, checkpoints, main.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+import verifier
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+SPEC_PROMPT = (
+    "You are a helpful math assistant.\n"
+    "Answer the question and write the final result on a new line as:\n"
+    "\\boxed{ANSWER}\n\nQuestion:\n{problem}\n\nAnswer:"
+)
+MATH_TRAIN_URL = (
+    "https://raw.githubusercontent.com/rasbt/math_full_minus_math500/"
+    "refs/heads/main/math_full_minus_math500.json"
+)
+PRECISIONS = ("auto", "fp32", "bf16-autocast", "bf16")
+
+
+@dataclass
+class Config:
+    model: str = "Qwen/Qwen3-0.6B-Base"
+    revision: str = "da87bfb608c14b7cf20ba1ce41287e8de496c0cd"
+    dataset: str = MATH_TRAIN_URL
+    dataset_split: str = "train"
+    problem_field: str = "problem"
+    answer_field: str = "answer"
+    start_index: int = 0
+    num_problems: int = 50
+    prompt_template: str = SPEC_PROMPT
+    group_size: int = 8
+    temperature: float = 0.8
+    top_p: float = 0.9
+    max_new_tokens: int = 512
+    eos_token: str = "<|endoftext|>"
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    std_eps: float = 1e-4
+    seed: int = 0
+    device: str = "cuda"
+    precision: str = "auto"
+    verifier_timeout: float = 2.0
+    output_dir: str = "runs/rlvr"
+    overwrite: bool = False
+
+
+class UserError(Exception):
+    """A mistake in the config, the data or the command line: one line to stderr, exit status 2."""
+
+
+def _coerce(key: str, value, typ: type):
+    """Turn a YAML or command-line value into the field's type, or raise a UserError naming the key."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. a numeric revision or output_dir
+    raise UserError(f"config key '{key}' must be {typ.__name__}, got {value!r}")
+
+
+def validate_config(cfg: Config) -> None:
+    checks = [
+        ("group_size", cfg.group_size >= 2, "an integer >= 2 (advantages need a sample std)"),
+        ("temperature", cfg.temperature > 0, "a number > 0"),
+        ("top_p", 0 < cfg.top_p <= 1, "a number in (0, 1]"),
+        ("max_new_tokens", cfg.max_new_tokens >= 1, "an integer >= 1"),
+        ("num_problems", cfg.num_problems >= 1, "an integer >= 1"),
+        ("start_index", cfg.start_index >= 0, "an integer >= 0"),
+        ("learning_rate", cfg.learning_rate > 0, "a number > 0"),
+        ("weight_decay", cfg.weight_decay >= 0, "a number >= 0"),
+        ("max_grad_norm", cfg.max_grad_norm > 0, "a number > 0"),
+        ("std_eps", cfg.std_eps > 0, "a number > 0 (it keeps a zero-variance group from dividing by 0)"),
+        ("verifier_timeout", cfg.verifier_timeout > 0, "a number of seconds > 0"),
+        ("precision", cfg.precision in PRECISIONS, "one of " + ", ".join(PRECISIONS)),
+        ("device", cfg.device == "cpu" or cfg.device.split(":")[0] == "cuda", "cpu, cuda or cuda:N"),
+        ("prompt_template", cfg.prompt_template.count("{problem}") == 1, "a text with one {problem} placeholder"),
+        ("model", cfg.model.strip() != "", "a hub id or a local folder"),
+        ("dataset", cfg.dataset.strip() != "", "a hub name, a URL or a local JSON/JSONL/Parquet file"),
+        ("output_dir", cfg.output_dir.strip() != "", "a folder path"),
+    ]
+    for f in dataclasses.fields(cfg):
+        if f.type == "float" and not math.isfinite(getattr(cfg, f.name)):
+            raise UserError(f"config key '{f.name}' must be a finite number, got {getattr(cfg, f.name)!r}")
+    for key, ok, want in checks:
+        if not ok:
+            raise UserError(f"config key '{key}' must be {want}, got {getattr(cfg, key)!r}")
+
+
+def load_config(argv: list[str] | None = None) -> Config:
+    """YAML file, then key=value overrides from the command line; every value typed and checked."""
+    parser = argparse.ArgumentParser(description="RLVR training: one AdamW step per problem.")
+    parser.add_argument("--config", default="config.yaml", help="YAML file of settings (default: config.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting of the YAML")
+    args = parser.parse_args(argv)
+
+    values: dict = {}
+    path = Path(args.config)
+    if path.exists():
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}")
+        if not isinstance(values, dict):
+            raise UserError(f"config file {path} must hold 'key: value' lines")
+    elif args.config != "config.yaml":
+        raise UserError(f"config file {path} not found; pass an existing file to --config")
+    for item in args.overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise UserError(f"command-line setting '{item}' must look like key=value")
+        try:
+            values[key] = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            values[key] = raw
+        if isinstance(values[key], (dict, list)) or values[key] is None:
+            values[key] = raw
+
+    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise UserError(f"unknown config key '{unknown[0]}'; known keys: {', '.join(types)}")
+    type_of = {"str": str, "int": int, "float": float, "bool": bool}
+    cfg = Config(**{k: _coerce(k, v, type_of[types[k]]) for k, v in values.items()})
+    validate_config(cfg)
+    return cfg
+
+
+def resolve_device(cfg: Config) -> torch.device:
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("device is 'cuda' but this machine has no CUDA GPU; "
+                        "run with device=cpu (python train_rlvr.py device=cpu) or set device: cpu in config.yaml")
+    return torch.device(cfg.device)
+
+
+def resolve_precision(cfg: Config, device: torch.device) -> str:
+    # float32 master weights by default: at lr 1e-5 most single AdamW updates of a bfloat16 weight
+    # (8 bits of mantissa) round away to nothing. bf16 autocast makes the CUDA forward passes fast.
+    if cfg.precision == "auto":
+        return "bf16-autocast" if device.type == "cuda" else "fp32"
+    return cfg.precision
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "bf16-autocast":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+# ----------------------------------------------------------------------------------------------
+# Data and prompt
+
+def load_problems(cfg: Config) -> list[dict]:
+    """The first num_problems records from start_index, in file order (never shuffled)."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    src = cfg.dataset
+    suffix = src.split("?")[0].lower().rsplit(".", 1)[-1] if "." in src else ""
+    builder = {"json": "json", "jsonl": "json", "parquet": "parquet"}.get(suffix)
+    is_url = src.startswith(("http://", "https://"))
+    try:
+        if builder and (is_url or Path(src).exists()):
+            ds = datasets.load_dataset(builder, data_files=src, split="train")
+        elif builder or Path(src).exists():
+            raise UserError(f"dataset file {src} not found (or not a .json/.jsonl/.parquet file); "
+                            "set dataset: to an existing file, a URL or a hub name")
+        else:
+            ds = datasets.load_dataset(src, split=cfg.dataset_split)
+    except UserError:
+        raise
+    except Exception as e:  # network, hub or format problems: one line, not a traceback
+        raise UserError(f"could not load dataset {src!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+    for key in ("problem_field", "answer_field"):
+        field = getattr(cfg, key)
+        if field not in ds.column_names:
+            raise UserError(f"dataset has no field '{field}' (set {key}); its fields are: {', '.join(ds.column_names)}")
+    end = cfg.start_index + cfg.num_problems
+    if len(ds) < end:
+        raise UserError(f"dataset has {len(ds)} records but start_index + num_problems = {end}; "
+                        "lower num_problems or start_index")
+    problems = []
+    for i in range(cfg.start_index, end):
+        rec = ds[i]
+        problem, answer = rec[cfg.problem_field], rec[cfg.answer_field]
+        if not isinstance(problem, str) or not problem.strip():
+            raise UserError(f"dataset record {i}: '{cfg.problem_field}' is not a non-empty string; fix the data")
+        if answer is None or str(answer).strip() == "":
+            raise UserError(f"dataset record {i}: '{cfg.answer_field}' is empty; fix the data or move start_index")
+        problems.append({"index": i, "problem": problem, "answer": str(answer)})
+    return problems
+
+
+def build_prompt(template: str, problem: str) -> str:
+    # str.replace, not str.format: problems are full of LaTeX braces.
+    return template.replace("{problem}", problem)
+
+
+# ----------------------------------------------------------------------------------------------
+# Rollouts
+
+TOP_P_CANDIDATES = 2048  # top-k candidates tried before the full sort (a real model's nucleus is far smaller)
+TOP_P_MARGIN = 1e-6      # a cumulative mass this close to top_p is decided by the full sort, like transformers
+
+
+def top_p_reference(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Kept-token mask of transformers' TopPLogitsWarper: sort ascending, drop the tokens whose
+    cumulative probability is <= 1 - top_p, always keep the most likely one."""
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= (1 - top_p)
+    remove[..., -1:] = False
+    return ~remove.scatter(-1, order, remove)
+
+
+def top_p_mask(scores: torch.Tensor, top_p: float, k: int = TOP_P_CANDIDATES) -> torch.Tensor:
+    """The same kept set as top_p_reference without sorting the vocabulary when the nucleus is small.
+
+    A token is kept iff the probability mass of the tokens strictly above it is < top_p. We decide
+    that on the top-k candidates in float64; a row whose candidates hold too little mass, whose
+    boundary sits within TOP_P_MARGIN of top_p, or whose boundary splits tied scores, goes to the
+    full sort so the rounding and tie order are transformers' own."""
+    if top_p >= 1.0:  # transformers adds no top-p warper at 1.0: every token with a finite score
+        return torch.isfinite(scores) | (scores == scores.max(dim=-1, keepdim=True).values)
+    k = min(k, scores.shape[-1])
+    values, ids = scores.topk(k, dim=-1)
+    log_z = torch.logsumexp(scores.double(), dim=-1, keepdim=True)
+    probs = (values.double() - log_z).exp()
+    above = probs.cumsum(dim=-1) - probs               # mass strictly above each candidate
+    keep = above < top_p
+    n_keep = keep.sum(dim=-1, keepdim=True)
+    first_out = n_keep.clamp(max=k - 1)
+    ok = (probs.sum(dim=-1) > top_p + TOP_P_MARGIN) & (n_keep.squeeze(-1) < k)
+    ok &= ((above - top_p).abs() >= TOP_P_MARGIN).all(dim=-1)
+    ok &= values.gather(-1, first_out - 1).squeeze(-1) != values.gather(-1, first_out).squeeze(-1)
+    mask = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, ids, keep)
+    if not bool(ok.all()):
+        bad = (~ok).nonzero().squeeze(-1)
+        mask[bad] = top_p_reference(scores[bad], top_p)
+    return mask
+
+
+def nucleus_weights(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Unnormalized sampling weights: exp(logits / temperature - max) on the top-p nucleus, 0 elsewhere.
+    Normalized, they are transformers' temperature + top-p probabilities. There is no top-k."""
+    scores = logits.float() / temperature
+    kept = top_p_mask(scores, top_p)
+    return torch.where(kept, (scores - scores.max(dim=-1, keepdim=True).values).exp(), 0.0)
+
+
+def sample_next_token(logits: torch.Tensor, temperature: float, top_p: float,
+                      generator: torch.Generator) -> torch.Tensor:
+    """One token per row, drawn from the nucleus only: an inverse CDF over the kept tokens in
+    token-id order with one uniform per row, so the draw depends on the kept set and its
+    probabilities alone, not on how they were found."""
+    weights = nucleus_weights(logits, temperature, top_p)
+    cdf = weights.double().cumsum(dim=-1)
+    u = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=torch.float64)
+    token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    last_kept = weights.shape[-1] - 1 - (weights > 0).flip(-1).int().argmax(dim=-1, keepdim=True)
+    return torch.minimum(token, last_kept).squeeze(-1)
+
+
+@torch.no_grad()
+def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
+                      generator: torch.Generator, amp) -> tuple[list[torch.Tensor], list[bool]]:
+    """All group_size rollouts of one prompt in one batched decode loop with a KV cache.
+
+    Sampling settings come from cfg alone (temperature, top-p, no top-k, max_new_tokens, EOS), so
+    neither transformers' defaults nor the model's generation_config can leak in. A response is
+    its tokens up to and including the first EOS; one cut at max_new_tokens has no EOS."""
+    from transformers import DynamicCache
+
+    batch = prompt_ids.unsqueeze(0).repeat(cfg.group_size, 1)  # same prompt: no padding needed
+    cache = DynamicCache(config=model.config)
+    tokens = torch.full((cfg.group_size, cfg.max_new_tokens), eos_id, dtype=torch.long, device=prompt_ids.device)
+    finished = torch.zeros(cfg.group_size, dtype=torch.bool, device=prompt_ids.device)
+    with amp:
+        logits = model(batch, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    steps = 0
+    for t in range(cfg.max_new_tokens):
+        nxt = sample_next_token(logits, cfg.temperature, cfg.top_p, generator)
+        nxt = torch.where(finished, eos_id, nxt)
+        tokens[:, t] = nxt
+        finished |= nxt == eos_id
+        steps = t + 1
+        if t + 1 == cfg.max_new_tokens or bool(finished.all()):
+            break
+        with amp:
+            logits = model(nxt[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    responses, cut = [], []
+    for row in tokens[:, :steps]:
+        eos_at = (row == eos_id).nonzero()
+        n = int(eos_at[0]) + 1 if len(eos_at) else steps
+        responses.append(row[:n].clone())
+        cut.append(len(eos_at) == 0)
+    return responses, cut
+
+
+# ----------------------------------------------------------------------------------------------
+# Rewards
+
+def score_rollouts(scorer: verifier.TimedVerifier, texts: list[str], gold: str) -> list[tuple[float, str | None, str]]:
+    """(reward, extracted answer, status) per rollout. The verifier runs in a worker process with a
+    hard wall-clock limit: an overrun or a crash scores 0 with status 'timeout' or 'crash'."""
+    return [scorer.score(text, gold) for text in texts]
+
+
+# ----------------------------------------------------------------------------------------------
+# Advantages
+
+def compute_advantages(rewards: torch.Tensor, std_eps: float) -> torch.Tensor:
+    """Within the group only: A_i = (r_i - mean(r)) / (std_unbiased(r) + eps).
+
+    If all rewards are equal every numerator is exactly 0, so every advantage is exactly 0."""
+    return (rewards - rewards.mean()) / (rewards.std(unbiased=True) + std_eps)
+
+
+# ----------------------------------------------------------------------------------------------
+# Log-probabilities and loss
+
+def token_log_probs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
+    """log p_theta(response_t | prompt, response_<t) for every response token (EOS included), float32.
+
+    The model reads prompt + response[:-1] (no padding); the LM head runs only on the last
+    len(response) positions, the first of which predicts the first response token."""
+    input_ids = torch.cat([prompt_ids, response_ids[:-1]]).unsqueeze(0)
+    with amp:
+        logits = model(input_ids, logits_to_keep=len(response_ids)).logits[0]
+    logits = logits.float()
+    return logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def sequence_log_prob(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
+    """sequence_log_prob_i = sum_t log p_theta(response_token_t | prompt, earlier_response_tokens).
+    A SUM over the response, never a mean over its length."""
+    return token_log_probs(model, prompt_ids, response_ids, amp).sum()
+
+
+def policy_loss(advantage: torch.Tensor, seq_log_prob: torch.Tensor, group_size: int) -> torch.Tensor:
+    """One response's term of policy_loss = -(1/G) * sum_i stopgrad(A_i) * sequence_log_prob_i."""
+    return -(advantage.detach() * seq_log_prob) / group_size
+
+
+def zero_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Explicit zero tensors (not None), so a skipped backward still leaves a real zero gradient."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        else:
+            p.grad.zero_()
+
+
+def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp):
+    """Zero the gradient once, then forward + backward one response at a time, so only one
+    response's graph is alive at once. Returns (policy loss, sequence log-probs or Nones).
+
+    A group whose advantages are all exactly 0 has an exactly-zero gradient: its passes are skipped."""
+    zero_gradients(params)
+    if bool((advantages == 0).all()):
+        return 0.0, [None] * len(responses)
+    total, seq_log_probs = 0.0, []
+    for response, advantage in zip(responses, advantages):
+        seq_lp = sequence_log_prob(model, prompt_ids, response, amp)
+        loss = policy_loss(advantage, seq_lp, group_size)
+        loss.backward()
+        total += loss.item()
+        seq_log_probs.append(seq_lp.item())
+    return total, seq_log_probs
+
+
+# ----------------------------------------------------------------------------------------------
+# Optimizer step
+
+def optimizer_step(params, optimizer, max_grad_norm: float) -> tuple[float, float]:
+    """clip_grad_norm_ (returns the norm BEFORE clipping), then one AdamW step, always.
+
+    The update norm is measured: the weights are compared before and after the step."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    before = [p.detach().clone() for p in params]
+    optimizer.step()
+    update_sq = sum(float((p.detach().float() - b.float()).pow(2).sum()) for p, b in zip(params, before))
+    return float(grad_norm), math.sqrt(update_sq)
+
+
+# ----------------------------------------------------------------------------------------------
+# Logging
+
+# Column name, cell width, format. The first seven are the spec's table, character for character.
+COLUMNS = [("step", 6), ("correct/{G}", 11), ("reward mean", 13), ("sample std", 12),
+           ("response tokens", 17), ("policy loss", 13), ("grad norm", 11), ("update norm", 13),
+           ("seconds", 0)]
+
+
+def _row(cells: list[str]) -> str:
+    out = ""
+    for cell, (_, width) in zip(cells, COLUMNS):
+        out += cell.ljust(width) if len(cell) < width else cell + "  "
+    return out.rstrip()
+
+
+def format_header(group_size: int) -> str:
+    return _row([name.replace("{G}", str(group_size)) for name, _ in COLUMNS])
+
+
+def _fixed(x: float, digits: int) -> str:
+    s = f"{x:.{digits}f}"
+    return s[1:] if s.startswith("-") and float(s) == 0 else s  # never print -0.000000
+
+
+def format_row(m: dict) -> str:
+    return _row([
+        str(m["step"]),
+        str(m["correct"]),
+        _fixed(m["reward_mean"], 3),
+        _fixed(m["reward_std"], 6),
+        f"{m['response_tokens']:>4d}",
+        _fixed(m["policy_loss"], 6) if m["policy_loss"] is not None else "nan",
+        _fixed(m["grad_norm"], 3),
+        f"{m['update_norm']:.3e}",
+        f"{m['seconds']:.1f}",
+    ])
+
+
+def format_summary(metrics: list[dict], total_seconds: float) -> str:
+    n_rollouts = sum(m["group_size"] for m in metrics)
+    n_correct = sum(m["correct"] for m in metrics)
+    flat = sum(1 for m in metrics if m["reward_std"] == 0)
+    grad_steps = [m["step"] for m in metrics if m["grad_norm"] > 0]
+    moved = [m["step"] for m in metrics if m["update_norm"] > 0]
+    gen_tokens = sum(m["response_tokens"] for m in metrics)
+    gen_seconds = sum(m["timings"]["generation"] for m in metrics)
+    timeouts = sum(m["verifier_timeouts"] + m["verifier_crashes"] for m in metrics)
+
+    def listed(steps):
+        return ": " + ", ".join(map(str, steps)) if 0 < len(steps) <= 20 else ""
+
+    mean_reward = n_correct / n_rollouts if n_rollouts else 0.0
+    lines = [
+        "",
+        f"correct rollouts        {n_correct}/{n_rollouts} (mean reward {mean_reward:.4f})",
+        f"zero-variance groups    {flat}/{len(metrics)}",
+        f"non-zero gradient       {len(grad_steps)} steps{listed(grad_steps)}",
+        f"weights changed         {len(moved)} steps{listed(moved)}",
+        f"verifier overruns       {timeouts}",
+        f"total time              {total_seconds:.1f} s; generation {gen_tokens} tokens "
+        f"at {gen_tokens / gen_seconds if gen_seconds else 0.0:.1f} tokens/s",
+    ]
+    return "\n".join(lines)
+
+
+def progress(msg: str) -> None:
+    # Progress goes to stderr so that stdout holds only the table and the summary.
+    print(msg, file=sys.stderr, flush=True)
+
+
+def append_jsonl(path: Path, records: list[dict]) -> None:
+    with path.open("a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints
+
+def prepare_output_dir(cfg: Config) -> Path:
+    out = Path(cfg.output_dir)
+    if (out / "metrics.jsonl").exists() and not cfg.overwrite:
+        raise UserError(f"output_dir {out} already holds a run; choose another output_dir or pass overwrite=true")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics.jsonl", "rollouts.jsonl"):
+        (out / name).unlink(missing_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
+    return out
+
+
+def save_final(model, tokenizer, out: Path) -> None:
+    model.save_pretrained(out / "final", safe_serialization=True)
+    tokenizer.save_pretrained(out / "final")
+
+
+# ----------------------------------------------------------------------------------------------
+# main
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, device, precision,
+               eos_id, generator) -> tuple[dict, list[dict]]:
+    """One problem: rollouts, rewards, advantages, per-response backward, clip, one AdamW step."""
+    amp = autocast(device, precision)
+    timings = {}
+    t0 = time.perf_counter()
+
+    prompt = build_prompt(cfg.prompt_template, problem["problem"])
+    prompt_ids = torch.tensor(tokenizer(prompt, add_special_tokens=False)["input_ids"], device=device)
+    progress(f"[step {step}] generating {cfg.group_size} rollouts (problem {problem['index']})")
+    responses, cut = generate_rollouts(model, prompt_ids, cfg, eos_id, generator, amp)
+    sync(device)
+    timings["generation"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
+    scored = score_rollouts(scorer, texts, problem["answer"])
+    rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
+    timings["rewards"] = time.perf_counter() - t
+
+    advantages = compute_advantages(rewards, cfg.std_eps)
+    t = time.perf_counter()
+    progress(f"[step {step}] rewards {rewards.tolist()}; backward")
+    loss, seq_log_probs = accumulate_policy_gradient(
+        model, params, prompt_ids, responses, advantages.to(device), cfg.group_size, amp)
+    sync(device)
+    timings["logprob_backward"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    grad_norm, update_norm = optimizer_step(params, optimizer, cfg.max_grad_norm)
+    sync(device)
+    timings["optimizer"] = time.perf_counter() - t
+    timings["step"] = time.perf_counter() - t0
+
+    statuses = [s[2] for s in scored]
+    metrics = {
+        "step": step,
+        "problem_index": problem["index"],
+        "group_size": cfg.group_size,
+        "correct": int((rewards == 1).sum()),
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(unbiased=True)),
+        "response_tokens": sum(len(r) for r in responses),
+        "policy_loss": loss,
+        "grad_norm": grad_norm,
+        "update_norm": update_norm,
+        "seconds": timings["step"],
+        "cut_at_limit": sum(cut),
+        "no_answer": statuses.count("no_answer"),
+        "verifier_timeouts": statuses.count("timeout"),
+        "verifier_crashes": statuses.count("crash"),
+        "timings": timings,
+    }
+    rollouts = [{
+        "step": step,
+        "problem_index": problem["index"],
+        "rollout": i,
+        "response": texts[i],
+        "answer": scored[i][1],
+        "status": scored[i][2],
+        "reward": scored[i][0],
+        "advantage": float(advantages[i]),
+        "tokens": len(responses[i]),
+        "cut_at_limit": cut[i],
+        "sequence_log_prob": seq_log_probs[i],
+    } for i in range(len(responses))]
+    return metrics, rollouts
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = load_config(argv)
+        device = resolve_device(cfg)
+        precision = resolve_precision(cfg, device)
+        out = prepare_output_dir(cfg)
+        problems = load_problems(cfg)
+        return run(cfg, device, precision, out, problems)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model, revision=cfg.revision)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise UserError(f"could not load model {cfg.model!r} at revision {cfg.revision!r}: "
+                        f"{str(e).splitlines()[0]}; set model: to a hub id or a local folder")
+    eos_id = tokenizer.convert_tokens_to_ids(cfg.eos_token)
+    if eos_id is None or eos_id == tokenizer.unk_token_id or eos_id >= model.config.vocab_size:
+        raise UserError(f"eos_token {cfg.eos_token!r} is not a token of {cfg.model}; set eos_token to its EOS")
+    return model.to(device).eval(), tokenizer, eos_id
+
+
+def run(cfg: Config, device: torch.device, precision: str, out: Path, problems: list[dict]) -> int:
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    progress(f"loading {cfg.model} on {device} ({precision})")
+    model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+    all_metrics = []
+    start = time.perf_counter()
+    print(format_header(cfg.group_size), flush=True)
+    with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
+        for step, problem in enumerate(problems, start=1):
+            metrics, rollouts = train_step(step, problem, model, tokenizer, params, optimizer, scorer,
+                                           cfg, device, precision, eos_id, generator)
+            append_jsonl(out / "metrics.jsonl", [metrics])
+            append_jsonl(out / "rollouts.jsonl", rollouts)
+            all_metrics.append(metrics)
+            print(format_row(metrics), flush=True)
+    progress(f"saving the final model to {out / 'final'}")
+    save_final(model, tokenizer, out)
+    print(format_summary(all_metrics, time.perf_counter() - start), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
