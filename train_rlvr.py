@@ -18,6 +18,9 @@ import json
 import math
 import os
 import random
+import shlex
+import shutil
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -68,8 +71,19 @@ class Config:
     device: str = "cuda"
     precision: str = "auto"
     verifier_timeout: float = 2.0
+    bad_records: str = "stop"
+    max_bad_steps: int = 3
     output_dir: str = "runs/rlvr"
+    save_every: int = 10
+    keep_last: int = 2
+    resume: str = ""
     overwrite: bool = False
+
+
+# Keys that may differ between a checkpoint and the run that resumes it: none of them changes a
+# number of the steps already taken. Every other key does, and a difference is refused.
+RESUME_MAY_DIFFER = {"output_dir", "save_every", "keep_last", "resume", "overwrite", "verifier_timeout",
+                     "num_problems", "max_bad_steps"}
 
 
 class UserError(Exception):
@@ -120,6 +134,10 @@ def validate_config(cfg: Config) -> None:
         ("max_grad_norm", cfg.max_grad_norm > 0, "a number > 0"),
         ("std_eps", cfg.std_eps > 0, "a number > 0 (it keeps a zero-variance group from dividing by 0)"),
         ("verifier_timeout", cfg.verifier_timeout > 0, "a number of seconds > 0"),
+        ("bad_records", cfg.bad_records in ("stop", "skip"), "stop or skip"),
+        ("max_bad_steps", cfg.max_bad_steps >= 1, "an integer >= 1"),
+        ("save_every", cfg.save_every >= 0, "an integer >= 0 (0: only after the last step)"),
+        ("keep_last", cfg.keep_last >= 1, "an integer >= 1"),
         ("precision", cfg.precision in PRECISIONS, "one of " + ", ".join(PRECISIONS)),
         ("device", cfg.device == "cpu" or cfg.device.split(":")[0] == "cuda", "cpu, cuda or cuda:N"),
         ("prompt_template", cfg.prompt_template.count("{problem}") == 1, "a text with one {problem} placeholder"),
@@ -228,16 +246,35 @@ def load_problems(cfg: Config) -> list[dict]:
     if len(ds) < end:
         raise UserError(f"dataset has {len(ds)} records but start_index + num_problems = {end}; "
                         "lower num_problems or start_index")
-    problems = []
-    for i in range(cfg.start_index, end):
-        rec = ds[i]
-        problem, answer = rec[cfg.problem_field], rec[cfg.answer_field]
-        if not isinstance(problem, str) or not problem.strip():
-            raise UserError(f"dataset record {i}: '{cfg.problem_field}' is not a non-empty string; fix the data")
-        if answer is None or str(answer).strip() == "":
-            raise UserError(f"dataset record {i}: '{cfg.answer_field}' is empty; fix the data or move start_index")
-        problems.append({"index": i, "problem": problem, "answer": str(answer)})
-    return problems
+    return [{"index": i, "problem": ds[i][cfg.problem_field], "answer": ds[i][cfg.answer_field]}
+            for i in range(cfg.start_index, end)]
+
+
+def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int) -> list[dict]:
+    """Refuse (bad_records: stop) or leave out (skip) records that cannot be trained on, before
+    training begins: a non-text or empty problem, an empty answer, a prompt that with
+    max_new_tokens does not fit the model's context."""
+    good, bad = [], []
+    for p in problems:
+        if not isinstance(p["problem"], str) or not p["problem"].strip():
+            bad.append(f"dataset record {p['index']}: '{cfg.problem_field}' is not a non-empty text")
+        elif p["answer"] is None or str(p["answer"]).strip() == "":
+            bad.append(f"dataset record {p['index']}: '{cfg.answer_field}' is empty")
+        else:
+            n = len(tokenizer(build_prompt(cfg.prompt_template, p["problem"]), add_special_tokens=False)["input_ids"])
+            if n + cfg.max_new_tokens > context:
+                bad.append(f"dataset record {p['index']}: its prompt has {n} tokens, and with max_new_tokens "
+                           f"{cfg.max_new_tokens} it exceeds the model's context of {context}")
+            else:
+                good.append(dict(p, answer=str(p["answer"])))
+    if bad and cfg.bad_records == "stop":
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise UserError(f"{bad[0]}{more}; fix the data, move start_index, or set bad_records: skip")
+    for msg in bad:
+        progress(f"skipping {msg}")
+    if not good:
+        raise UserError("no dataset record is usable; fix the data or the settings above")
+    return good
 
 
 def build_prompt(template: str, problem: str) -> str:
@@ -335,6 +372,7 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
         steps = t + 1
         if t + 1 == cfg.max_new_tokens or bool(finished.all()):
             break
+        check_stop()  # safe point for SIGINT/SIGTERM
         with amp:
             logits = model(nxt[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     responses, cut = [], []
@@ -410,6 +448,7 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
         return 0.0, [None] * len(responses)
     total, seq_log_probs = 0.0, []
     for response, advantage in zip(responses, advantages):
+        check_stop()  # safe point for SIGINT/SIGTERM: the weights are untouched until the optimizer step
         seq_lp = sequence_log_prob(model, prompt_ids, response, amp)
         loss = policy_loss(advantage, seq_lp, group_size)
         loss.backward()
@@ -421,15 +460,18 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
 # ----------------------------------------------------------------------------------------------
 # Optimizer step
 
-def optimizer_step(params, optimizer, max_grad_norm: float) -> tuple[float, float]:
-    """clip_grad_norm_ (returns the norm BEFORE clipping), then one AdamW step, always.
+def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0) -> tuple[float, float | None]:
+    """clip_grad_norm_ (it returns the norm BEFORE clipping), then one AdamW step.
 
-    The update norm is measured: the weights are compared before and after the step."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    The update norm is measured: the weights are compared before and after the step. A non-finite
+    loss or gradient norm skips the step (no weight or optimizer state touched): update norm None."""
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    if not (math.isfinite(grad_norm) and math.isfinite(loss)):
+        return grad_norm, None
     before = [p.detach().clone() for p in params]
     optimizer.step()
     update_sq = sum(float((p.detach().float() - b.float()).pow(2).sum()) for p, b in zip(params, before))
-    return float(grad_norm), math.sqrt(update_sq)
+    return grad_norm, math.sqrt(update_sq)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -464,9 +506,9 @@ def format_row(m: dict) -> str:
         _fixed(m["reward_mean"], 3),
         _fixed(m["reward_std"], 6),
         f"{m['response_tokens']:>4d}",
-        _fixed(m["policy_loss"], 6) if m["policy_loss"] is not None else "nan",
-        _fixed(m["grad_norm"], 3),
-        f"{m['update_norm']:.3e}",
+        _fixed(float(m["policy_loss"]), 6),
+        _fixed(float(m["grad_norm"]), 3),
+        "skipped" if m["update_norm"] is None else f"{m['update_norm']:.3e}",
         f"{m['seconds']:.1f}",
     ])
 
@@ -475,8 +517,9 @@ def format_summary(metrics: list[dict], total_seconds: float) -> str:
     n_rollouts = sum(m["group_size"] for m in metrics)
     n_correct = sum(m["correct"] for m in metrics)
     flat = sum(1 for m in metrics if m["reward_std"] == 0)
-    grad_steps = [m["step"] for m in metrics if m["grad_norm"] > 0]
-    moved = [m["step"] for m in metrics if m["update_norm"] > 0]
+    grad_steps = [m["step"] for m in metrics if not m["skipped"] and m["grad_norm"] > 0]
+    moved = [m["step"] for m in metrics if not m["skipped"] and m["update_norm"] > 0]
+    skipped = [m["step"] for m in metrics if m["skipped"]]
     gen_tokens = sum(m["response_tokens"] for m in metrics)
     gen_seconds = sum(m["timings"]["generation"] for m in metrics)
     timeouts = sum(m["verifier_timeouts"] + m["verifier_crashes"] for m in metrics)
@@ -491,8 +534,10 @@ def format_summary(metrics: list[dict], total_seconds: float) -> str:
         f"zero-variance groups    {flat}/{len(metrics)}",
         f"non-zero gradient       {len(grad_steps)} steps{listed(grad_steps)}",
         f"weights changed         {len(moved)} steps{listed(moved)}",
-        f"verifier overruns       {timeouts}",
-        f"total time              {total_seconds:.1f} s; generation {gen_tokens} tokens "
+        f"skipped (non-finite)    {len(skipped)} steps{listed(skipped)}",
+        f"verifier overruns       {timeouts} rollouts scored 0 after a timeout or a crash",
+        f"total time              {sum(m['seconds'] for m in metrics):.1f} s in steps "
+        f"({total_seconds:.1f} s in this process); generation {gen_tokens} tokens "
         f"at {gen_tokens / gen_seconds if gen_seconds else 0.0:.1f} tokens/s",
     ]
     return "\n".join(lines)
@@ -503,29 +548,183 @@ def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)  # "nan", "inf": strict JSON has no NaN
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    return x
+
+
 def append_jsonl(path: Path, records: list[dict]) -> None:
     with path.open("a") as f:
         for r in records:
-            f.write(json.dumps(r) + "\n")
+            f.write(json.dumps(_json_safe(r)) + "\n")
 
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoints
 
-def prepare_output_dir(cfg: Config) -> Path:
-    out = Path(cfg.output_dir)
-    if (out / "metrics.jsonl").exists() and not cfg.overwrite:
-        raise UserError(f"output_dir {out} already holds a run; choose another output_dir or pass overwrite=true")
-    out.mkdir(parents=True, exist_ok=True)
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; raised at the next safe point of a step."""
+
+
+class StopRun(Exception):
+    """A reason to stop after checkpointing the last completed step (out of memory, bad numbers)."""
+
+
+STOP = {"signal": None}  # set by the signal handler, read at safe points
+
+
+def check_stop() -> None:
+    """A safe point: nothing of the current step has touched the weights or the optimizer yet."""
+    if STOP["signal"] is not None:
+        raise Interrupted()
+
+
+def install_signal_handlers() -> dict:
+    def handler(signum, frame):
+        if STOP["signal"] is not None:
+            os._exit(128 + signum)  # second signal: at once; checkpoints are renamed into place whole
+        STOP["signal"] = signum
+        # os.write, not print: a handler may run in the middle of another write to stderr
+        os.write(2, f"\n{signal.Signals(signum).name}: stopping at the next safe point "
+                    "(send it again to exit at once)\n".encode())
+    STOP["signal"] = None
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def rng_state(generator: torch.Generator) -> dict:
+    return {"python": random.getstate(), "torch": torch.get_rng_state(), "sampling": generator.get_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def restore_rng_state(state: dict, generator: torch.Generator) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["sampling"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def list_checkpoints(out: Path) -> list[Path]:
+    """Complete checkpoints, oldest first. A half-written one never carries the final name."""
+    found = [p for p in (out / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(out: Path, step: int, model, optimizer, rng: dict, cfg: Config) -> Path:
+    """Weights, optimizer state, RNG states, step counter, config and the logs up to this step,
+    written to a temporary folder, fsynced, then renamed into place: a crash mid-write leaves the
+    previous checkpoints intact. Keeps the last keep_last."""
+    from safetensors.torch import save_model
+
+    root = out / "checkpoints"
+    root.mkdir(exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_model(model, str(tmp / "model.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(rng, tmp / "rng.pt")
     for name in ("metrics.jsonl", "rollouts.jsonl"):
-        (out / name).unlink(missing_ok=True)
+        shutil.copyfile(out / name, tmp / name)
+    (tmp / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
+    (tmp / "state.json").write_text(json.dumps({"step": step}))
+    for f in tmp.iterdir():
+        _fsync(f)
+    _fsync(tmp)
+    if final.exists():  # resumed from an older checkpoint: this step is being written again
+        old = root / f".old-{final.name}-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    _fsync(root)
+    for stale in list_checkpoints(out)[:-cfg.keep_last]:
+        shutil.rmtree(stale)
+    return final
+
+
+def load_checkpoint(ckpt: Path, out: Path, model, optimizer, generator) -> list[dict]:
+    """Restore weights, optimizer and RNG states, and the logs; return the metrics of the steps done."""
+    from safetensors.torch import load_model
+
+    load_model(model, str(ckpt / "model.safetensors"), device=str(next(model.parameters()).device))
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
+    restore_rng_state(torch.load(ckpt / "rng.pt", weights_only=True), generator)
+    for name in ("metrics.jsonl", "rollouts.jsonl"):  # drops any step logged after this checkpoint
+        shutil.copyfile(ckpt / name, out / name)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def find_resume_checkpoint(cfg: Config, out: Path) -> Path | None:
+    if not cfg.resume:
+        return None
+    if cfg.resume == "auto":
+        found = list_checkpoints(out)
+        if not found:
+            if (out / "metrics.jsonl").exists() and not cfg.overwrite:
+                raise UserError(f"output_dir {out} holds a run but no checkpoint to resume; "
+                                "pass overwrite=true to start it again")
+            return None
+        ckpt = found[-1]
+    else:
+        ckpt = Path(cfg.resume)
+    if not (ckpt / "state.json").exists():
+        raise UserError(f"resume: {ckpt} is not a checkpoint folder; use resume=auto or a folder under "
+                        f"{out / 'checkpoints'}")
+    saved = dataclasses.asdict(Config())
+    saved.update(yaml.safe_load((ckpt / "config.yaml").read_text()) or {})
+    differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_MAY_DIFFER and saved.get(k) != v]
+    if differ:
+        raise UserError(f"cannot resume {ckpt}: these settings differ from the checkpoint's and change the math: "
+                        f"{', '.join(differ)}; set them back or start a new run in another output_dir")
+    done = json.loads((ckpt / "state.json").read_text())["step"]
+    if cfg.num_problems < done:
+        raise UserError(f"cannot resume {ckpt}: it has done {done} steps but num_problems is {cfg.num_problems}")
+    return ckpt
+
+
+def prepare_output_dir(cfg: Config) -> tuple[Path, Path | None]:
+    """The output folder and the checkpoint to resume, if any. An existing run is never replaced
+    silently: that takes resume or overwrite."""
+    out = Path(cfg.output_dir)
+    ckpt = find_resume_checkpoint(cfg, out)
+    if ckpt is None:
+        if ((out / "metrics.jsonl").exists() or list_checkpoints(out)) and not cfg.overwrite:
+            raise UserError(f"output_dir {out} already holds a run; resume it with resume=auto, "
+                            "choose another output_dir, or pass overwrite=true")
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("metrics.jsonl", "rollouts.jsonl"):
+            (out / name).unlink(missing_ok=True)
+            (out / name).touch()
+        for folder in ("checkpoints", "final"):
+            shutil.rmtree(out / folder, ignore_errors=True)
+    for stale in (out / "checkpoints").glob(".*-step-*"):  # left by a crash mid-write
+        shutil.rmtree(stale, ignore_errors=True)
     (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
-    return out
+    return out, ckpt
 
 
 def save_final(model, tokenizer, out: Path) -> None:
     model.save_pretrained(out / "final", safe_serialization=True)
     tokenizer.save_pretrained(out / "final")
+
+
+def resume_command(argv: list[str]) -> str:
+    kept = [a for a in argv if not a.startswith(("resume=", "overwrite="))]
+    return " ".join(["python train_rlvr.py", *map(shlex.quote, kept), "resume=auto"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -546,26 +745,40 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
     prompt = build_prompt(cfg.prompt_template, problem["problem"])
     prompt_ids = torch.tensor(tokenizer(prompt, add_special_tokens=False)["input_ids"], device=device)
     progress(f"[step {step}] generating {cfg.group_size} rollouts (problem {problem['index']})")
-    responses, cut = generate_rollouts(model, prompt_ids, cfg, eos_id, generator, amp)
+    try:
+        responses, cut = generate_rollouts(model, prompt_ids, cfg, eos_id, generator, amp)
+    except torch.OutOfMemoryError:
+        raise StopRun(f"CUDA out of memory at step {step} while generating {cfg.group_size} rollouts of up to "
+                      f"{cfg.max_new_tokens} tokens after a {len(prompt_ids)}-token prompt; lower max_new_tokens "
+                      "or group_size, or set precision: bf16") from None
     sync(device)
     timings["generation"] = time.perf_counter() - t0
+    check_stop()
 
     t = time.perf_counter()
     texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
     scored = score_rollouts(scorer, texts, problem["answer"])
     rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
     timings["rewards"] = time.perf_counter() - t
+    check_stop()
 
     advantages = compute_advantages(rewards, cfg.std_eps)
     t = time.perf_counter()
     progress(f"[step {step}] rewards {rewards.tolist()}; backward")
-    loss, seq_log_probs = accumulate_policy_gradient(
-        model, params, prompt_ids, responses, advantages.to(device), cfg.group_size, amp)
+    try:
+        loss, seq_log_probs = accumulate_policy_gradient(
+            model, params, prompt_ids, responses, advantages.to(device), cfg.group_size, amp)
+    except torch.OutOfMemoryError:
+        longest = max(len(r) for r in responses)
+        raise StopRun(f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
+                      f"tokens after a {len(prompt_ids)}-token prompt; lower max_new_tokens, set "
+                      "logprob_batch_size: 1 or precision: bf16") from None
     sync(device)
     timings["logprob_backward"] = time.perf_counter() - t
+    check_stop()
 
     t = time.perf_counter()
-    grad_norm, update_norm = optimizer_step(params, optimizer, cfg.max_grad_norm)
+    grad_norm, update_norm = optimizer_step(params, optimizer, cfg.max_grad_norm, loss)
     sync(device)
     timings["optimizer"] = time.perf_counter() - t
     timings["step"] = time.perf_counter() - t0
@@ -582,6 +795,7 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
         "policy_loss": loss,
         "grad_norm": grad_norm,
         "update_norm": update_norm,
+        "skipped": update_norm is None,
         "seconds": timings["step"],
         "cut_at_limit": sum(cut),
         "no_answer": statuses.count("no_answer"),
@@ -605,19 +819,6 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
     return metrics, rollouts
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = load_config(argv)
-        device = resolve_device(cfg)
-        precision = resolve_precision(cfg, device)
-        out = prepare_output_dir(cfg)
-        problems = load_problems(cfg)
-        return run(cfg, device, precision, out, problems)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
 def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -636,29 +837,92 @@ def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
     return model.to(device).eval(), tokenizer, eos_id
 
 
-def run(cfg: Config, device: torch.device, precision: str, out: Path, problems: list[dict]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = load_config(argv)
+        device = resolve_device(cfg)
+        precision = resolve_precision(cfg, device)
+        out, ckpt = prepare_output_dir(cfg)
+        problems = load_problems(cfg)
+        return run(cfg, device, precision, out, ckpt, problems, argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path | None,
+        problems: list[dict], argv: list[str]) -> int:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     progress(f"loading {cfg.model} on {device} ({precision})")
     model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
+    problems = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
 
-    all_metrics = []
-    start = time.perf_counter()
+    history = []
+    if ckpt is not None:
+        history = load_checkpoint(ckpt, out, model, optimizer, generator)
+        progress(f"resumed from {ckpt} after step {len(history)}")
     print(format_header(cfg.group_size), flush=True)
-    with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
-        for step, problem in enumerate(problems, start=1):
-            metrics, rollouts = train_step(step, problem, model, tokenizer, params, optimizer, scorer,
-                                           cfg, device, precision, eos_id, generator)
-            append_jsonl(out / "metrics.jsonl", [metrics])
-            append_jsonl(out / "rollouts.jsonl", rollouts)
-            all_metrics.append(metrics)
-            print(format_row(metrics), flush=True)
+    for m in history:  # a resumed run shows the whole table, as an uninterrupted one would
+        print(format_row(m), flush=True)
+
+    start = time.perf_counter()
+    last_saved = len(history)
+    stop_reason, exit_code = None, 0
+    previous_handlers = install_signal_handlers()
+    try:
+        with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
+            for step in range(len(history) + 1, len(problems) + 1):
+                boundary = rng_state(generator)  # the RNG state a checkpoint of step - 1 must hold
+                try:
+                    metrics, rollouts = train_step(step, problems[step - 1], model, tokenizer, params, optimizer,
+                                                   scorer, cfg, device, precision, eos_id, generator)
+                except Interrupted:
+                    exit_code = 128 + STOP["signal"]
+                    stop_reason = f"stopped by {signal.Signals(STOP['signal']).name} during step {step}"
+                except StopRun as e:
+                    exit_code, stop_reason = 1, str(e)
+                if stop_reason:
+                    break
+                append_jsonl(out / "metrics.jsonl", [metrics])
+                append_jsonl(out / "rollouts.jsonl", rollouts)
+                history.append(metrics)
+                print(format_row(metrics), flush=True)
+                boundary = rng_state(generator)
+                bad = 0
+                while bad < len(history) and history[-1 - bad]["skipped"]:
+                    bad += 1
+                if bad >= cfg.max_bad_steps:
+                    exit_code = 1
+                    stop_reason = (f"{bad} steps in a row had a non-finite loss or gradient norm (the last at step "
+                                   f"{step}); lower learning_rate or check the data and the model")
+                    break
+                if (cfg.save_every and step % cfg.save_every == 0) or step == len(problems) or STOP["signal"]:
+                    progress(f"[step {step}] writing checkpoint")
+                    save_checkpoint(out, step, model, optimizer, boundary, cfg)
+                    last_saved = step
+                if STOP["signal"]:  # arrived during the optimizer step: the step is complete
+                    exit_code = 128 + STOP["signal"]
+                    stop_reason = f"stopped by {signal.Signals(STOP['signal']).name} after step {step}"
+                    break
+        if stop_reason:
+            if len(history) > last_saved:
+                progress(f"writing a checkpoint of step {len(history)}")
+                save_checkpoint(out, len(history), model, optimizer, boundary, cfg)
+            done = f"checkpoint of step {len(history)} in {out / 'checkpoints'}" if history else "no step completed"
+            progress(f"{stop_reason}; {done}. To continue: {resume_command(argv)}")
+            return exit_code
+    finally:
+        for sig, h in previous_handlers.items():
+            signal.signal(sig, h)
+
     progress(f"saving the final model to {out / 'final'}")
     save_final(model, tokenizer, out)
-    print(format_summary(all_metrics, time.perf_counter() - start), flush=True)
+    print(format_summary(history, time.perf_counter() - start), flush=True)
     return 0
 
 

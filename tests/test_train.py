@@ -410,14 +410,19 @@ def test_data_errors_are_one_line_and_exit_2(tiny_model_dir, tmp_path, capsys, r
     data = tmp_path / "d.json"
     data.write_text(json.dumps(records))
     assert T.main(_args(tiny_model_dir, data, tmp_path / "out", *extra)) == 2
-    err = capsys.readouterr().err.strip()
-    assert fragment in err and "\n" not in err
+    _assert_one_error_line(capsys.readouterr().err, fragment)
+
+
+def _assert_one_error_line(err, fragment):
+    """Progress lines may come first; the error is one line, the last, and no traceback."""
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: ") and fragment in lines[-1], err
+    assert sum(l.startswith("error") for l in lines) == 1 and "Traceback" not in err
 
 
 def test_missing_dataset_file_is_a_clear_error(tiny_model_dir, tmp_path, capsys):
     assert T.main(_args(tiny_model_dir, tmp_path / "nope.json", tmp_path / "out")) == 2
-    err = capsys.readouterr().err
-    assert "dataset file" in err and "not found" in err and "\n" not in err.strip()
+    _assert_one_error_line(capsys.readouterr().err, "not found")
 
 
 def test_the_shared_first_50_problems_load_in_order(tmp_path):
@@ -440,7 +445,7 @@ def test_jsonl_and_parquet_files_load(tmp_path):
     datasets.Dataset.from_list(records).to_parquet(str(tmp_path / "d.parquet"))
     for name in ("d.jsonl", "d.parquet"):
         problems = T.load_problems(T.Config(dataset=str(tmp_path / name), num_problems=3, start_index=1))
-        assert [(p["problem"], p["answer"], p["index"]) for p in problems] == [("p1", "1", 1), ("p2", "2", 2), ("p3", "3", 3)]
+        assert [(p["problem"], p["answer"], p["index"]) for p in problems] == [("p1", 1, 1), ("p2", 2, 2), ("p3", 3, 3)]
 
 
 # ----------------------------------------------------------------------------------------------
