@@ -1,0 +1,54 @@
+"""Runs train_rlvr.main() in its own process with test-only patches, chosen by the environment
+variable RLVR_DRIVER (JSON). Nothing here is part of the product.
+
+  fake_rewards: true    rollout 0 of every group scores 1, the rest 0, so every step trains
+  signals: [[n, "files" | "rename", "SIGKILL" | "SIGINT" | "SIGTERM"], ...]
+                        send that signal to this process inside the n-th checkpoint write, after
+                        its weights are written ("files") or just before its rename ("rename")
+"""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import train_rlvr as T  # noqa: E402
+
+
+def first_rollout_wins(scorer, texts, gold):
+    return [(1.0 if i == 0 else 0.0, None, "wrong") for i in range(len(texts))]
+
+
+def main():
+    opts = json.loads(os.environ.get("RLVR_DRIVER", "{}"))
+    if opts.get("fake_rewards"):
+        T.score_rollouts = first_rollout_wins
+    writes = {"n": 0}
+
+    def in_checkpoint(when):
+        for n, at, name in opts.get("signals", []):
+            if n == writes["n"] and at == when:
+                os.kill(os.getpid(), getattr(signal, name))
+
+    real_torch_save, real_rename = T.torch.save, os.rename
+
+    def torch_save(obj, path, *a, **k):
+        if str(path).endswith("optimizer.pt"):  # the model's weights are already written
+            writes["n"] += 1
+            in_checkpoint("files")
+        return real_torch_save(obj, path, *a, **k)
+
+    def rename(src, dst):
+        if Path(src).name.startswith(".tmp-step-"):
+            in_checkpoint("rename")
+        return real_rename(src, dst)
+
+    T.torch.save, T.os.rename = torch_save, rename
+    sys.exit(T.main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+"""Never lose a step: checkpoints, exact resume after SIGKILL, SIGINT/SIGTERM, bad numbers,
+hostile verifiers, out-of-memory and bad records. CPU, tiny local model."""
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train_rlvr as T
+import verifier
+import verifier_hostile_helpers
+from conftest import ROOT
+
+DRIVER = ROOT / "tests" / "rlvr_driver.py"
+STEPS = 5
+
+
+def _args(model_dir, data, out, *extra):
+    return ["--config", str(ROOT / "config.yaml"), f"model={model_dir}", f"dataset={data}", "device=cpu",
+            f"output_dir={out}", "group_size=4", "max_new_tokens=6", f"num_problems={STEPS}", "save_every=2",
+            "learning_rate=1e-3", *extra]
+
+
+def _drive(model_dir, data, out, signals=(), *extra, kill_when=None):
+    """Run the driver in a subprocess; with kill_when, SIGKILL it from here when that text shows on stderr."""
+    env = dict(os.environ, RLVR_DRIVER=json.dumps({"fake_rewards": True, "signals": list(signals)}),
+               PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, str(DRIVER), *_args(model_dir, data, out, *extra)]
+    if kill_when is None:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        return proc.returncode, proc.stdout, proc.stderr
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen = ""
+    for line in proc.stderr:
+        seen += line
+        if kill_when in line:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    return proc.returncode, proc.stdout.read(), seen
+
+
+def _outputs(out, stdout):
+    """Everything a run produces except measured times."""
+    rows = [l.rsplit(None, 1)[0] for l in stdout.splitlines() if l[:1].isdigit()]
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    for m in metrics:
+        del m["seconds"], m["timings"]
+    weights = load_file(out / "final" / "model.safetensors")
+    return rows, metrics, (out / "rollouts.jsonl").read_text(), weights
+
+
+def _assert_same(a, b):
+    assert a[0] == b[0] and len(a[0]) == STEPS
+    assert a[1] == b[1]
+    assert a[2] == b[2]
+    assert a[3].keys() == b[3].keys() and all(torch.equal(a[3][k], b[3][k]) for k in a[3])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, tiny_data_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole")
+    code, stdout, stderr = _drive(tiny_model_dir, tiny_data_file, out)
+    assert code == 0, stderr
+    outputs = _outputs(out, stdout)
+    assert all(m["grad_norm"] > 0 for m in outputs[1])  # every step trains: a real test of resume
+    return outputs
+
+
+def _resume_and_compare(model_dir, data, out, uninterrupted):
+    code, stdout, stderr = _drive(model_dir, data, out, (), "resume=auto")
+    assert code == 0, stderr
+    _assert_same(_outputs(out, stdout), uninterrupted)
+    assert not list((out / "checkpoints").glob(".*"))  # leftovers of a broken write are cleaned up
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000004", "step-000005"]  # keep_last: 2
+    return stderr
+
+
+@pytest.mark.parametrize("signals, kill_when", [
+    ((), "[step 3] rewards"),                 # SIGKILL from the test during step 3's backward
+    ((), "[step 4] generating"),              # ... during step 4's generation
+    ([[2, "files", "SIGKILL"]], None),        # inside the 2nd checkpoint write, weights written
+    ([[1, "rename", "SIGKILL"]], None),       # inside the 1st checkpoint write, just before its rename
+])
+def test_sigkill_then_resume_gives_the_uninterrupted_run(tiny_model_dir, tiny_data_file, tmp_path, uninterrupted,
+                                                         signals, kill_when):
+    out = tmp_path / "run"
+    code, _, stderr = _drive(tiny_model_dir, tiny_data_file, out, signals, kill_when=kill_when)
+    assert code == -signal.SIGKILL, stderr
+    left = T.list_checkpoints(out)
+    assert all((c / "state.json").exists() for c in left)  # never a half checkpoint under a real name
+    stderr = _resume_and_compare(tiny_model_dir, tiny_data_file, out, uninterrupted)
+    assert (f"resumed from {left[-1]}" if left else "no checkpoint") in stderr
+
+
+def test_a_second_sigint_exits_at_once_and_the_last_good_checkpoint_survives(tiny_model_dir, tiny_data_file,
+                                                                             tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    signals = [[2, "files", "SIGINT"], [2, "rename", "SIGINT"]]  # both inside the write of step 4
+    code, _, stderr = _drive(tiny_model_dir, tiny_data_file, out, signals)
+    assert code == 130, stderr
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000002"]
+    assert list((out / "checkpoints").glob(".tmp-step-000004-*"))  # the write was cut short
+    _resume_and_compare(tiny_model_dir, tiny_data_file, out, uninterrupted)
+
+
+@pytest.mark.parametrize("name, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_one_signal_in_a_checkpoint_write_finishes_it_then_stops(tiny_model_dir, tiny_data_file, tmp_path,
+                                                                 uninterrupted, name, code):
+    out = tmp_path / "run"
+    got, stdout, stderr = _drive(tiny_model_dir, tiny_data_file, out, [[1, "files", name]])
+    assert got == code, stderr
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000002"]
+    assert "To continue: python train_rlvr.py" in stderr and "resume=auto" in stderr
+    assert len([l for l in stdout.splitlines() if l[:1].isdigit()]) == 2
+    _resume_and_compare(tiny_model_dir, tiny_data_file, out, uninterrupted)
+
+
+# ----------------------------------------------------------------------------------------------
+# In-process: signals at the safe points of a step
+
+
+def _in_process_args(model_dir, data, out, *extra):
+    return _args(model_dir, data, out, *extra)
+
+
+def _first_rollout_wins(monkeypatch):
+    monkeypatch.setattr(T, "score_rollouts",
+                        lambda scorer, texts, gold: [(float(i == 0), None, "wrong") for i in range(len(texts))])
+
+
+def _signal_on_call(monkeypatch, name, at_call, sig):
+    """Wrap T.<name> so that its at_call-th call first sends sig to this process."""
+    real, calls = getattr(T, name), {"n": 0}
+
+    def wrapped(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            os.kill(os.getpid(), sig)
+        return real(*a, **k)
+    monkeypatch.setattr(T, name, wrapped)
+
+
+@pytest.mark.parametrize("where, at_call, sig", [
+    ("generate_rollouts", 3, signal.SIGINT),   # during step 3's generation
+    ("sequence_log_prob", 11, signal.SIGINT),  # during step 3's backward (4 responses a step)
+    ("sequence_log_prob", 6, signal.SIGTERM),
+])
+def test_signal_during_a_step_checkpoints_the_last_completed_step(tiny_model_dir, tiny_data_file, tmp_path,
+                                                                  capsys, monkeypatch, uninterrupted,
+                                                                  where, at_call, sig):
+    _first_rollout_wins(monkeypatch)
+    _signal_on_call(monkeypatch, where, at_call, sig)
+    out = tmp_path / "run"
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "save_every=0")) == 128 + sig
+    captured = capsys.readouterr()
+    last_done = 2 if at_call in (3, 11) else 1
+    assert [c.name for c in T.list_checkpoints(out)] == [f"step-{last_done:06d}"]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == last_done
+    assert f"checkpoint of step {last_done}" in captured.err and "resume=auto" in captured.err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+    monkeypatch.undo()
+    _resume_and_compare(tiny_model_dir, tiny_data_file, out, uninterrupted)
+
+
+# ----------------------------------------------------------------------------------------------
+# Resume rules and the output directory
+
+
+def test_changed_math_setting_is_refused_and_harmless_one_accepted(tiny_model_dir, tiny_data_file, tmp_path, capsys,
+                                                                   monkeypatch):
+    _first_rollout_wins(monkeypatch)
+    out = tmp_path / "run"
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "num_problems=2")) == 0
+    capsys.readouterr()
+    for bad in ("temperature=0.7", "group_size=3", "learning_rate=2e-3", "seed=5"):
+        assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "resume=auto", bad)) == 2
+        err = capsys.readouterr().err
+        assert "cannot resume" in err and bad.split("=")[0] in err
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "resume=auto", "num_problems=3",
+                                   "save_every=7", "verifier_timeout=5")) == 0
+    stdout = capsys.readouterr().out
+    assert [l.split()[0] for l in stdout.splitlines() if l[:1].isdigit()] == ["1", "2", "3"]
+
+
+def test_existing_output_dir_without_resume_is_refused(tiny_model_dir, tiny_data_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "num_problems=1")) == 0
+    capsys.readouterr()
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "num_problems=1")) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "resume=nowhere")) == 2
+    assert "is not a checkpoint folder" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad numbers
+
+
+def _poison(monkeypatch, steps):
+    """NaN gradient and loss at the given steps (counting calls of accumulate_policy_gradient)."""
+    real, calls = T.accumulate_policy_gradient, {"n": 0}
+
+    def poisoned(model, params, *a, **k):
+        calls["n"] += 1
+        loss, lps = real(model, params, *a, **k)
+        if calls["n"] in steps:
+            params[0].grad.fill_(float("nan"))
+            return float("nan"), lps
+        return loss, lps
+    monkeypatch.setattr(T, "accumulate_policy_gradient", poisoned)
+
+
+def test_a_nan_step_is_skipped_and_training_goes_on(tiny_model_dir, tiny_data_file, tmp_path, capsys, monkeypatch):
+    _first_rollout_wins(monkeypatch)
+    _poison(monkeypatch, {2})
+    seen = []
+    real_step = T.optimizer_step
+
+    def watching_step(params, optimizer, *a):
+        before = [p.detach().clone() for p in params]
+        state_before = [int(optimizer.state[p]["step"]) if p in optimizer.state else 0 for p in params]
+        result = real_step(params, optimizer, *a)
+        seen.append((all(torch.equal(p, b) for p, b in zip(params, before)),
+                     state_before == [int(optimizer.state[p]["step"]) if p in optimizer.state else 0 for p in params]))
+        return result
+    monkeypatch.setattr(T, "optimizer_step", watching_step)
+    out = tmp_path / "run"
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "num_problems=4")) == 0
+    stdout = capsys.readouterr().out
+    rows = [l.split() for l in stdout.splitlines() if l[:1].isdigit()]
+    assert rows[1][5:8] == ["nan", "nan", "skipped"]
+    assert [r[7] != "skipped" for r in rows] == [True, False, True, True]
+    assert seen[1] == (True, True) and seen[0] == (False, False) and seen[2] == (False, False)
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[1]["skipped"] is True and metrics[1]["grad_norm"] == "nan" and metrics[1]["update_norm"] is None
+    assert "skipped (non-finite)    1 steps: 2" in stdout
+
+
+def test_too_many_bad_steps_in_a_row_stop_with_a_checkpoint(tiny_model_dir, tiny_data_file, tmp_path, capsys,
+                                                            monkeypatch):
+    _first_rollout_wins(monkeypatch)
+    _poison(monkeypatch, {2, 3})
+    out = tmp_path / "run"
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "max_bad_steps=2", "save_every=0")) == 1
+    err = capsys.readouterr().err
+    assert "2 steps in a row had a non-finite loss or gradient norm (the last at step 3)" in err
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000003"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Hostile verifier, out of memory, bad records
+
+
+@pytest.mark.parametrize("score_fn, status", [(verifier_hostile_helpers.sleep_forever, "timeout"),
+                                              (verifier_hostile_helpers.misbehaving_score, "crash")])
+def test_a_hanging_or_crashing_verifier_scores_0_and_training_goes_on(tiny_model_dir, tiny_data_file, tmp_path,
+                                                                       capsys, monkeypatch, score_fn, status):
+    if status == "crash":
+        # misbehaving_score kills its worker on the response "EXIT"
+        monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [scorer.score("EXIT", gold) for _ in texts])
+    monkeypatch.setattr(T.verifier, "TimedVerifier", functools.partial(verifier.TimedVerifier, score_fn=score_fn))
+    out = tmp_path / "run"
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "num_problems=2", "group_size=2",
+                                   "verifier_timeout=0.5")) == 0
+    stdout = capsys.readouterr().out
+    rollouts = [json.loads(l) for l in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 4 and all(r["reward"] == 0.0 and r["status"] == status for r in rollouts)
+    assert "verifier overruns       4 rollouts" in stdout
+
+
+def test_out_of_memory_in_the_backward_stops_with_a_checkpoint(tiny_model_dir, tiny_data_file, tmp_path, capsys,
+                                                               monkeypatch):
+    _first_rollout_wins(monkeypatch)
+    real, calls = T.sequence_log_prob, {"n": 0}
+
+    def oom_at_step_3(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 9:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*a, **k)
+    monkeypatch.setattr(T, "sequence_log_prob", oom_at_step_3)
+    out = tmp_path / "run"
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "save_every=0")) == 1
+    err = capsys.readouterr().err
+    assert "CUDA out of memory at step 3 in the backward pass of a response of up to" in err
+    assert "lower max_new_tokens" in err and "resume=auto" in err
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000002"]
+
+
+def test_bad_records_stop_before_training_or_are_skipped(tiny_model_dir, tmp_path, capsys):
+    data = tmp_path / "d.json"
+    records = [{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "x " * 3000, "answer": "1"},
+               {"problem": 7, "answer": "3"}, {"problem": "What is 2 + 2?", "answer": "4"}]
+    data.write_text(json.dumps(records))
+    args = _in_process_args(tiny_model_dir, data, tmp_path / "a", "num_problems=4")
+    assert T.main(args) == 2
+    err = capsys.readouterr().err
+    assert "dataset record 1: its prompt has" in err and "exceeds the model's context of 2048" in err
+    assert "(and 1 more)" in err and "bad_records: skip" in err
+    assert not (tmp_path / "a" / "metrics.jsonl").read_text()  # nothing trained
+    assert T.main(_in_process_args(tiny_model_dir, data, tmp_path / "b", "num_problems=4", "bad_records=skip")) == 0
+    captured = capsys.readouterr()
+    assert "skipping dataset record 2: 'problem' is not a non-empty text" in captured.err
+    metrics = [json.loads(l) for l in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["problem_index"] for m in metrics] == [0, 3]

@@ -1,0 +1,636 @@
+"""Tests of verifier.py: extraction, the equivalence policy category by category (equal AND
+not-equal pairs), the real reference answers, the Math-Verify peer cases, hostile inputs and the
+time-limited worker."""
+
+import json
+import multiprocessing
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (str(ROOT), str(ROOT / "tests")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import verifier  # noqa: E402
+from verifier import (  # noqa: E402
+    TimedVerifier,
+    extract_final_answer,
+    is_equivalent,
+    reward,
+    score,
+)
+
+DATA = ROOT.parent / "shared" / "data"
+NO_DATA = "../shared/data not present (fresh clone): real-answer checks skipped"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=NO_DATA)
+
+
+def _ids(pairs):
+    return [f"{p!r}~{g!r}"[:80] for p, g in pairs]
+
+
+def check_pairs(equal, not_equal):
+    for pred, gold in equal:
+        assert is_equivalent(pred, gold), f"expected EQUAL: pred={pred!r} gold={gold!r}"
+        assert reward(f"Reasoning... so the answer is $\\boxed{{{pred}}}$.", gold) == 1.0, pred
+    for pred, gold in not_equal:
+        assert not is_equivalent(pred, gold), f"expected NOT equal: pred={pred!r} gold={gold!r}"
+        assert reward(f"Thus \\boxed{{{pred}}}", gold) == 0.0, pred
+
+
+# ---------------------------------------------------------------------------------------------
+# extraction
+EXTRACT_CASES = [
+    ("The answer is \\boxed{5}.", "5"),
+    ("first \\boxed{3}, then corrected: \\boxed{5}", "5"),
+    ("so \\boxed 5", "5"),
+    ("so \\boxed 5.", "5"),
+    ("so $\\boxed 42$ done", "42"),
+    ("\\fbox{5}", "5"),
+    ("\\boxed{\\boxed{5}}", "5"),
+    ("\\boxed{\\fbox{7}}", "7"),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+    ("\\boxed{\\}}", "\\}"),
+    ("$\\boxed{5}$", "5"),
+    ("\\boxed{$5$}", "5"),
+    ("\\boxed{$$5$$}", "5"),
+    ("\\boxed{\\[ 5 \\]}", "5"),
+    ("\\boxed{\\( x+1 \\)}", "x+1"),
+    ("\\boxed{5.}", "5"),
+    ("\\boxed{ 12 }", "12"),
+    ("\\[\\boxed{\\begin{pmatrix}1\\\\2\\end{pmatrix}}\\]",
+     "\\begin{pmatrix}1\\\\2\\end{pmatrix}"),
+    ("\\boxed{a}\n\\boxed{\\text{b}}", "\\text{b}"),
+    ("x" * 100_000 + "\\boxed{9}", "9"),
+]
+EXTRACT_NONE = [
+    "\\boxed{}",
+    "\\boxed{   }",
+    "\\boxed{$ $}",
+    "\\boxed{5",
+    "\\boxed{1} and later \\boxed{2",
+    "no box here, the answer is 5",
+    "",
+    "\\boxed{\\}",
+    "\\boxed",
+    "\\boxed{5\x00}",
+]
+
+
+@pytest.mark.parametrize("text,expected", EXTRACT_CASES, ids=[e for _, e in EXTRACT_CASES])
+def test_extraction(text, expected):
+    assert extract_final_answer(text) == expected
+
+
+@pytest.mark.parametrize("text", EXTRACT_NONE)
+def test_extraction_none(text):
+    assert extract_final_answer(text) is None
+    assert score(text, "5") == (0.0, None, "no_answer")
+
+
+@pytest.mark.parametrize("bad", [None, b"\\boxed{1}", 1, 1.5, ["\\boxed{1}"], object()])
+def test_extraction_non_str(bad):
+    assert extract_final_answer(bad) is None
+    assert reward(bad, "1") == 0.0
+    assert reward("\\boxed{1}", bad) == 0.0
+    assert is_equivalent(bad, "1") is False
+    assert is_equivalent("1", bad) is False
+
+
+def test_score_statuses():
+    assert score("so \\boxed{42}", "42") == (1.0, "42", "correct")
+    assert score("so \\boxed{41}", "42") == (0.0, "41", "wrong")
+    assert score("so 42", "42") == (0.0, None, "no_answer")
+    assert reward("so \\boxed{42}", "42") == 1.0
+    assert isinstance(reward("so \\boxed{42}", "42"), float)
+
+
+# ---------------------------------------------------------------------------------------------
+# categories: (equal pairs, not-equal pairs) as (pred, gold)
+CATEGORIES = {
+    "integers": (
+        [("42", "42"), ("+42", "42"), ("042", "42"), ("-0", "0"), ("42.0", "42"),
+         ("\\text{42}", "42"), ("{42}", "42"), ("\\mathbf{42}", "42"),
+         ("123456789012345678", "123456789012345678")],
+        [("42", "43"), ("-42", "42"), ("4 2", "42"), ("2c", "2"), ("42.5", "42"),
+         ("123456789012345679", "123456789012345678"), ("4", "-4")],
+    ),
+    "fractions": (
+        [("\\frac12", "\\frac{1}{2}"), ("1/2", "\\frac{1}{2}"), ("\\dfrac{1}{2}", "\\frac12"),
+         ("\\tfrac{1}{2}", "0.5"), ("\\frac{-1}{2}", "-\\frac12"), ("-1/2", "\\frac{-1}{2}"),
+         ("\\frac{2}{4}", "\\frac12"), ("\\frac9{19}", "\\frac{9}{19}"),
+         ("\\frac{270}7", "\\frac{270}{7}"), ("\\frac 34", "0.75"), ("\\frac3{3}", "1"),
+         ("\\left( \\frac{1}{3} \\right)", "1/3"), ("\\frac{1}{2}", "\\frac{1}{2}")],
+        [("\\frac12", "\\frac13"), ("\\frac{1}{2}", "2"), ("\\frac{19}{9}", "\\frac9{19}"),
+         ("\\frac{1}{2}", "-\\frac12"), ("28/100", "28"), ("\\frac{34}{3}", "\\frac 34")],
+    ),
+    "mixed_numbers": (
+        [("\\frac{121}{12}", "10\\frac{1}{12}"), ("10 \\frac{1}{12}", "10\\frac{1}{12}"),
+         ("10\\frac1{12}", "\\frac{121}{12}"), ("-2\\frac12", "-2.5"), ("137.5", "137 \\frac{1}{2}"),
+         ("1.8", "1\\frac{4}{5}")],
+        [("10\\cdot\\frac1{12}", "10\\frac{1}{12}"), ("\\frac{10}{12}", "10\\frac{1}{12}"),
+         ("10\\frac{1}{12}", "10\\cdot\\frac1{12}"), ("2.5", "-2\\frac12"),
+         ("10\\frac{1}{13}", "10\\frac{1}{12}")],
+    ),
+    "decimals_vs_exact": (
+        [("0.75", "\\frac34"), (".5", "\\frac12"), ("12.0", "12"), ("8.75", "\\frac{35}{4}"),
+         ("8.7500", "8.75"), ("0.\\overline{3}", "\\frac13"), ("0.1\\overline{6}", "\\frac16"),
+         ("1000.0", "1000"), ("0.0000672", ".0000672"), ("6.\\overline{6}", "\\frac{20}{3}")],
+        [("6.67", "\\frac{20}{3}"), ("0.333", "\\frac13"), ("0.3333333333", "\\frac13"),
+         ("8.76", "8.75"), ("8.7", "8.75"), ("0.0833333333333333", "\\frac{1}{12}"),
+         ("1.41421356", "\\sqrt2")],
+    ),
+    "scientific_notation": (
+        [("1.5\\times10^{-5}", "0.000015"), ("1.5e-5", "1.5 \\times 10^{-5}"),
+         ("6.02\\cdot 10^{23}", "602000000000000000000000"), ("10^{-21}", "0.000000000000000000001"),
+         ("2.5 \\times 10^3", "2500"), ("1E3", "1000")],
+        [("10^{-21}", "10^{-20}"), ("1.5e-5", "1.5e-6"), ("6.02\\times10^{23}", "6.02\\times10^{22}"),
+         ("2.5\\times10^3", "250")],
+    ),
+    "extreme_magnitudes": (
+        [("10^{100}", "1" + "0" * 100), ("2^{100}", "1267650600228229401496703205376"),
+         ("10^{-300}", "\\frac{1}{10^{300}}"), ("9^{9}", "387420489"), ("20!", "2432902008176640000")],
+        [("10^{100}+1", "10^{100}"), ("10^{-300}", "0"), ("2^{100}", "2^{101}"),
+         ("999999999999999999", "1000000000000000000"), ("10^{-21}", "0"),
+         ("1267650600228229401496703205377", "2^{100}")],
+    ),
+    "radicals": (
+        [("2\\sqrt2", "\\sqrt8"), ("\\sqrt{12}", "2\\sqrt{3}"), ("\\frac{1}{\\sqrt3}", "\\frac{\\sqrt{3}}{3}"),
+         ("\\sqrt[3]{8}", "2"), ("2\\sqrt[3]{2}", "\\sqrt[3]{16}"), ("8^{1/3}", "2"), ("\\sqrt{4}", "2"),
+         ("1+\\sqrt2", "\\sqrt{2}+1"), ("\\sqrt 2+\\sqrt 5", "\\sqrt{2}+\\sqrt{5}"), ("\\sqrt3", "\\sqrt{3}"),
+         ("\\frac{\\sqrt{\\sqrt{11}+\\sqrt{194}}}{2\\sqrt{33}+15}",
+          "\\frac{\\sqrt{\\sqrt{11}+\\sqrt{194}}}{15+2\\sqrt{33}}"), ("11\\sqrt2", "\\sqrt{242}")],
+        [("2.414", "1+\\sqrt2"), ("2.41421356237", "\\sqrt{2}+1"), ("\\sqrt3", "\\sqrt2"),
+         ("4\\sqrt{2}", "4"), ("\\frac{1+\\sqrt{5}}{2}", "2"), ("1", "1\\sqrt{19}"),
+         ("\\sqrt[3]{2}", "\\sqrt{2}"), ("\\frac{34}{16}+\\frac{\\sqrt{1358}}{16}", "4")],
+    ),
+    "pi_e": (
+        [("\\frac{9\\pi}{4}", "\\frac94\\pi"), ("2\\pi", "\\pi+\\pi"), ("e^2", "e\\cdot e"),
+         ("e^{i\\pi}", "-1"), ("\\frac{\\pi}{2}", "\\frac{1}{2}\\pi"), ("288 \\pi", "288\\pi"),
+         ("\\frac{20000}{\\pi}", "20000/\\pi"), ("\\ln(e^3)", "3"), ("\\sin\\frac{\\pi}{6}", "\\frac12")],
+        [("3.14", "\\pi"), ("3.14159265358979", "\\pi"), ("2.718", "e"), ("\\pi^2", "2\\pi"),
+         ("\\frac{\\pi}{3}", "\\frac{\\pi}{6}"), ("-\\frac{\\pi}{6}", "\\frac{\\pi}{6}")],
+    ),
+    "units_degrees_percent_currency": (
+        [("2", "2 \\text{ euros}"), ("2 \\text{ euros}", "2"), ("2\\text{euros}", "2 \\text{ euros}"),
+         ("2 euros", "2"), ("10", "10\\text{ cm}^2"), ("15", "15\\mbox{ cm}^2"), ("90", "90^\\circ"),
+         ("90^{\\circ}", "90"), ("90°", "90^\\circ"), ("18.90", "\\$18.90"), ("\\$18.9", "18.90"),
+         ("28", "28\\%"), ("28 %", "28\\%"), ("28 percent", "28\\%"), ("5.4", "5.4 \\text{ cents}"),
+         ("125\\textnormal{ miles}", "125"), ("\\frac{270}7", "\\frac{270}7\\text{ degrees}"),
+         ("42409", "\\$42409"), ("\\$42,\\!409", "\\$42409")],
+        [("3", "2 \\text{ euros}"), ("2c", "2"), ("2m", "2"), ("\\frac{\\pi}{2}", "90^\\circ"),
+         ("28", "0.28"), ("0.28", "28\\%"), ("42408", "\\$42409"), ("a+c", "a+d")],
+    ),
+    "assignments_and_false_equations": (
+        [("x=5", "5"), ("5", "x=5"), ("k=1", "1"), ("x = 11", "11"), ("-16.5", "k = \\frac{-33}{2}"),
+         ("-\\frac{33}{2}", "k = \\frac{-33}{2}"), ("k = -\\frac{33}{2} = -16.5", "k = \\frac{-33}{2}"),
+         ("f(x)=x^2+1", "x^2+1"), ("p(x) = x^3+3x-6", "x^3+3x-6"), ("(p,q)=(3,2)", "(3,2)"),
+         ("x_1 = 4", "4"), ("\\alpha = 2", "2")],
+        [("5=3", "3"), ("5=3", "5"), ("x=5=3", "5"), ("x=5=3", "3"), ("x=6", "5"),
+         ("3=3=4", "4"), ("y=2x+3", "2x+3"), ("a+3z=0", "0"), ("2x+z=1", "1"), ("x=", "5"),
+         ("=5", "5")],
+    ),
+    "tuples": (
+        [("(3,-1)", "(3, -1)"), ("\\left(3,-1\\right)", "(3, -1)"), ("(1,4.5)", "(1,\\frac{9}{2})"),
+         ("(6,31,-1)", "(6,31,-1)"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac\\pi2)"),
+         ("(0,5)", "(0,5)")],
+        [("(-1,3)", "(3, -1)"), ("(3,-1,0)", "(3, -1)"), ("\\{3,-1\\}", "(3, -1)"), ("3,-1", "(3, -1)"),
+         ("(5,0)", "(0,5)"), ("(4,4)", "(4,5)"), ("(3,1)", "\\{1,3\\}"), ("[3,-1]", "(3,-1)")],
+    ),
+    "intervals_and_unions": (
+        [("[0,3)", "[0,3)"), ("[0, 3)", "[0,3)"), ("\\left[0,3\\right)", "[0,3)"),
+         ("(-\\infty,0]", "(-\\infty, 0]"), ("(-\\infty,1)\\cup(2,\\infty)", "(2,\\infty)\\cup(-\\infty,1)"),
+         ("x\\in[-2,7]", "[-2,7]"), ("[-2,7]", "x \\in [-2,7]"), ("[5,\\infty)", "x\\ge 5"),
+         ("x \\geq 5", "x >= 5"), ("(-793,10)", "-793 < a < 10"), ("(-\\infty,1)", "x<1"),
+         ("-x>-1", "x<1"), ("(0,1)", "0<f(x)<1"), ("\\{-1\\} \\cup [0,7)", "\\{-1\\}\\cup[0,7)"),
+         ("\\left(\\frac{3}{5},\\frac{8}{3}\\right]", "(0.6, \\frac83]")],
+        [("[0,3]", "[0,3)"), ("(0,3)", "[0,3)"), ("(0,3]", "[0,3)"), ("[0,1)", "[0,9)"),
+         ("(-\\infty,0)", "(-\\infty,0]"), ("(-\\infty,1]\\cup(2,\\infty)", "(-\\infty,1)\\cup(2,\\infty)"),
+         ("(-\\infty,1)", "(-\\infty,1)\\cup(2,\\infty)"), ("x>5", "x<5"), ("x>-1", "x<1"),
+         ("(5,\\infty)", "x\\ge 5"), ("(2,\\infty)", "(-\\infty,2)")],
+    ),
+    "unordered_lists_and_sets": (
+        [("2,3,4", "2, 3, \\text{ and } 4"), ("4, 3, 2", "2, 3, \\text{ and } 4"),
+         ("\\{2,3,4\\}", "2, 3, \\text{ and } 4"), ("2, 3 and 4", "2,3,4"), ("1,-2", "-2,1"),
+         ("\\{1,2\\}", "1,2"), ("3, 5, 7", "7,5,3"), ("2,2,3", "2,3"), ("{-2021, 2021}", "\\pm 2021")],
+        [("2,3", "2, 3, \\text{ and } 4"), ("2,3,4,5", "2, 3, \\text{ and } 4"),
+         ("2,3,5", "2, 3, \\text{ and } 4"), ("1", "1,2"), ("1,2", "1"), ("32, 349", "32349"),
+         ("(1,2)", "\\{1,2\\}")],
+    ),
+    "plus_minus": (
+        [("-2,2", "\\pm 2"), ("\\pm2", "\\pm 2"), ("2, -2", "\\pm2"),
+         ("1+\\sqrt{19}, 1-\\sqrt{19}", "1 \\pm \\sqrt{19}"), ("3\\mp2\\sqrt2", "3 \\pm 2 \\sqrt{2}"),
+         ("\\{1\\pm\\sqrt{5},-2\\}", "\\{1\\pm\\sqrt{5},-2\\}"), ("-2, 1+\\sqrt5, 1-\\sqrt5", "\\{1\\pm\\sqrt{5},-2\\}")],
+        [("2", "\\pm 2"), ("\\pm 2021", "2021"), ("2021", "\\pm 2021"), ("1+\\sqrt{19}", "1 \\pm \\sqrt{19}"),
+         ("3\\pm\\sqrt2", "3 \\pm 2 \\sqrt{2}"), ("\\pm 3", "\\pm 2")],
+    ),
+    "matrices": (
+        [("\\begin{bmatrix}1&2\\\\3&4\\end{bmatrix}", "\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix}"),
+         ("\\left[\\begin{array}{cc}1 & 2 \\\\3 & 4\\end{array}\\right]", "\\begin{pmatrix}1 & 2 \\\\3 & 4\\end{pmatrix}"),
+         ("\\begin{pmatrix} -\\frac13 \\\\ \\frac23 \\\\ \\frac53 \\end{pmatrix}",
+          "\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}"),
+         ("(-7,16,5)", "\\begin{pmatrix} -7 \\\\ 16 \\\\ 5 \\end{pmatrix}"),
+         ("\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}", "\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}")],
+        [("\\begin{pmatrix}1 & 2 \\\\ 3 & 5\\end{pmatrix}", "\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix}"),
+         ("\\begin{pmatrix}1 & 3 \\\\ 2 & 4\\end{pmatrix}", "\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix}"),
+         ("\\begin{pmatrix}1 & 2 & 3 & 4\\end{pmatrix}", "\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix}"),
+         ("(-7,16,6)", "\\begin{pmatrix} -7 \\\\ 16 \\\\ 5 \\end{pmatrix}"),
+         ("\\{-7,16,5\\}", "\\begin{pmatrix} -7 \\\\ 16 \\\\ 5 \\end{pmatrix}")],
+    ),
+    "polynomials": (
+        [("-203x^{11}+58x^5", "-29x^5(7x^6-2)"), ("x^2+2x+1", "(x+1)^2"), ("2(k+1)", "2k+2"),
+         ("\\frac{x^9-1}{x-1}", "x^8 + x^7 + x^6 + x^5 + x^4 + x^3 + x^2 + x + 1"),
+         ("(a+5)(b+2)", "ab+2a+5b+10"), ("6r^2-4r-24", "2(3r^2-2r-12)"), ("\\frac{11}{20}+\\frac{9a}{20}", "\\frac{11+9a}{20}"),
+         ("R^2 \\cdot 3", "3R^2"), ("\\frac{\\cos x}{\\sin x}", "\\cot x")],
+        [("-203x^{11}-58x^5", "-29x^5(7x^6-2)"), ("(y+1)^2", "(x+1)^2"), ("q-p", "p - q"),
+         ("x^2+2x", "(x+1)^2"), ("(+5)(b+2)", "(a+5)(b+2)"), ("2k", "2k+2"), ("\\tan x", "\\cot x")],
+    ),
+    "complex_numbers": (
+        [("7i-2", "-2 + 7i"), ("-2+7i", "-2 + 7i"), ("5+5i", "(1+2i)(3-i)"), ("i^2", "-1"),
+         ("1 - 12i", "1-12i"), ("\\frac{2+2i}{2}", "1+i")],
+        [("-2-7i", "-2 + 7i"), ("7-2i", "-2 + 7i"), ("1+2j", "1+2i"), ("-2", "-2+7i"), ("7i", "-2+7i")],
+    ),
+    "text": (
+        [("\\text{Evelyn}", "\\text{Evelyn}"), ("Evelyn", "\\text{Evelyn}"), ("\\text{evelyn}", "\\text{Evelyn}"),
+         ("C", "\\text{(C)}"), ("(C)", "\\text{(C)}"), ("\\textbf{(C)}", "\\text{(C)}"), ("\\text{C}", "\\text{(C)}"),
+         ("E", "\\text{E}"), ("\\text{E}", "E"), ("\\text{ east }", "\\text{east}")],
+        [("\\text{Navin}", "\\text{Evelyn}"), ("D", "\\text{(C)}"), ("d", "\\text{E}"),
+         ("\\text{odd}", "\\text{even}"), ("5", "\\text{(C)}")],
+    ),
+    "equations": (
+        [("y = 2x + 3", "y=2x+3"), ("2x-y+3=0", "y = 2x + 3"), ("y-2x=3", "y = 2x + 3"),
+         ("-5x+7y-11z-4=0", "5x - 7y + 11z + 4 = 0"), ("y=-\\frac{1}{2}x+\\frac{3}{4}", "2x+4y-3=0"),
+         ("x^2/16 + y^2/12 = 1/4", "x^2/4 + y^2/3 = 1"), ("y=-2x", "y = -2x")],
+        [("y=2x-3", "y = 2x + 3"), ("y=3x+2", "y = 2x + 3"), ("2x+3", "y = 2x + 3"),
+         ("5x - 7y + 11z - 4 = 0", "5x - 7y + 11z + 4 = 0"), ("y=2x", "y = -2x"), ("x^2+y^2=1", "x^2+y^2=4")],
+    ),
+    "bases": (
+        [("204_5", "204_5"), ("204_{5}", "204_5"), ("4210_{5}", "4210_5")],
+        [("204", "204_5"), ("54", "204_5"), ("204_6", "204_5"), ("205_5", "204_5")],
+    ),
+    "thousands_separators": (
+        [("1,000", "1000"), ("1{,}000", "1000"), ("1\\,000", "1000"), ("1 000", "1000"),
+         ("42,\\!409", "42409"), ("7,425,000", "7425000"), ("1,000.0", "1000.0"), ("\\$1,000.99", "1000.99"),
+         ("11,\\! 111,\\! 111,\\! 100", "11111111100"), ("10,\\!080", "10080"), ("58,500", "58500")],
+        [("1,2", "12"), ("32, 349", "32349"), ("1,000", "1"), ("1,0000", "10000")],
+    ),
+}
+
+
+@pytest.mark.parametrize("category", sorted(CATEGORIES))
+def test_category(category):
+    equal, not_equal = CATEGORIES[category]
+    assert equal and not_equal
+    check_pairs(equal, not_equal)
+
+
+def test_unparseable_gold_falls_back_to_normalized_string():
+    gold = "\\mathbb{R}"
+    assert verifier._analyze_cached(gold) is None  # really unparseable
+    assert is_equivalent("\\mathbb{R}", gold)
+    assert is_equivalent(" \\mathbb{ R } ", gold)
+    assert is_equivalent("$\\mathbb{R}$", gold)
+    assert not is_equivalent("\\mathbb{Q}", gold)
+    assert not is_equivalent("R", gold)
+    assert not is_equivalent("", gold)
+    gold2 = "x \\approx 3"
+    assert is_equivalent("x\\approx 3", gold2)
+    assert not is_equivalent("3", gold2)
+    assert not is_equivalent("x \\approx 4", gold2)
+
+
+def test_deterministic_and_no_global_mpmath_side_effect():
+    import mpmath
+
+    before = mpmath.mp.dps
+    pairs = [("\\sqrt8", "2\\sqrt2"), ("(x+1)^2", "x^2+2x+1"), ("2.414", "1+\\sqrt2")]
+    first = [is_equivalent(p, g) for p, g in pairs]
+    verifier._analyze_cached.cache_clear()
+    assert [is_equivalent(p, g) for p, g in pairs] == first == [True, True, False]
+    assert mpmath.mp.dps == before
+
+
+def test_no_eval_in_verifier_source():
+    src = (ROOT / "verifier.py").read_text()
+    assert not re.search(r"\b(eval|exec|sympify|parse_expr|parse_latex)\s*\(", src)
+    assert not re.search(r"\b(compile)\s*\(", src.replace("re.compile(", ""))
+    assert "import sympy" not in src and "from sympy" not in src
+    assert "__import__" not in src
+
+
+def test_module_docstring_states_policy():
+    doc = verifier.__doc__
+    for word in ("Equivalence policy", "RELATIVE", "tuple", "interval", "unordered", "\\pm",
+                 "text", "falls back", "bounded"):
+        assert word.lower() in doc.lower(), word
+
+
+# ---------------------------------------------------------------------------------------------
+# real answers
+def _load(name):
+    return json.loads((DATA / name).read_text())
+
+
+# rewritings (equal) and near misses (not equal) for the non-integer answers of the first 50
+FIRST50_SPECIAL = {
+    "(3, -1)": (["(3,-1)", "\\left(3, -1\\right)", "(3,\\ -1)"], ["(-1, 3)", "(3,1)", "\\{3,-1\\}"]),
+    "[0,3)": (["[0, 3)", "\\left[0,3\\right)", "x \\in [0,3)", "0 \\le x < 3"], ["[0,3]", "(0,3)", "(0,3]"]),
+    "\\$42409": (["42409", "42,409", "\\$42,\\!409", "42{,}409", "\\$ 42409"], ["42408", "42410", "4240.9"]),
+    "k = \\frac{-33}{2}": (["-\\frac{33}{2}", "-16.5", "\\frac{-33}{2}", "k=-16.5", "-33/2", "-16\\frac12"],
+                           ["\\frac{33}{2}", "-16", "k = -\\frac{33}{2} = 16.5", "-16.4"]),
+    "2 \\text{ euros}": (["2", "2\\text{ euros}", "2 euros", "\\text{2 }", "2.0"], ["3", "2c", "1"]),
+    "10\\frac{1}{12}": (["\\frac{121}{12}", "10 \\frac{1}{12}", "10\\tfrac1{12}"],
+                        ["\\frac{10}{12}", "10\\cdot\\frac1{12}", "10.083", "\\frac{120}{12}"]),
+    "\\frac{1}{2}": (["0.5", "1/2", "\\dfrac12", ".5"], ["2", "0.51", "-\\frac12"]),
+    "(0,5)": (["(0, 5)", "\\left(0,5\\right)"], ["(5,0)", "[0,5]", "(0,6)"]),
+    "\\frac{20}{3}": (["6\\frac23", "6.\\overline{6}", "20/3"], ["6.67", "6.666", "\\frac{20}{9}"]),
+    "\\sqrt{2}+1": (["1+\\sqrt2", "\\sqrt2+1", "\\frac{1}{\\sqrt2-1}"], ["2.414", "\\sqrt{2}-1", "\\sqrt3+1"]),
+    "8.75": (["\\frac{35}{4}", "8\\frac34", "8.750"], ["8.7", "8.76", "\\frac{35}{3}"]),
+    "2, 3, \\text{ and } 4": (["2,3,4", "4,3,2", "\\{2,3,4\\}", "2, 3 and 4", "3, 2, \\text{and } 4"],
+                              ["2,3", "2,3,4,5", "(2,3,4)", "2,3,5"]),
+    "(4,4)": (["(4, 4)"], ["(4,5)", "4", "\\{4\\}"]),
+    "-29x^5(7x^6-2)": (["-203x^{11}+58x^5", "58x^5-203x^{11}", "-29x^5 \\cdot (7x^6 - 2)"],
+                       ["-203x^{11}-58x^5", "-203y^{11}+58y^5", "203x^{11}-58x^5"]),
+}
+
+
+def _int_rewrites(a):
+    n = int(a)
+    return [f"{n}.0", f"+{n}" if n >= 0 else f"-{-n}", f"\\text{{{n}}}", f"{n}"], [str(n + 1), str(n - 1), f"{n}.5"]
+
+
+@needs_data
+def test_first50_answers_self_rewritings_and_near_misses():
+    answers = [r["answer"] for r in _load("math_train_first50.json")]
+    assert len(answers) == 50
+    checked = 0
+    for a in answers:
+        assert reward(f"Let me think. The result follows.\n\\boxed{{{a}}}", a) == 1.0, a
+        if re.fullmatch(r"-?\d+", a):
+            eq, neq = _int_rewrites(a)
+        else:
+            eq, neq = FIRST50_SPECIAL[a]
+        for p in eq:
+            assert is_equivalent(p, a), (p, a)
+            assert reward(f"... so $\\boxed{{{p}}}$.", a) == 1.0, (p, a)
+        for p in neq:
+            assert not is_equivalent(p, a), (p, a)
+            assert reward(f"... so $\\boxed{{{p}}}$.", a) == 0.0, (p, a)
+        checked += 1
+    assert checked == 50
+
+
+@needs_data
+def test_math500_self_equality_and_parse_report(capsys):
+    rows = _load("math500_test.json")
+    assert len(rows) == 500
+    fallback = []
+    for r in rows:
+        a = r["answer"]
+        assert reward(f"Solution sketch.\n\nFinal answer: $\\boxed{{{a}}}$", a) == 1.0, a
+        assert is_equivalent(a, a)
+        if verifier._analyze_cached(a) is None:
+            fallback.append(a)
+        if re.fullmatch(r"-?\d+", a):
+            assert not is_equivalent(str(int(a) + 1), a), a
+    parsed = len(rows) - len(fallback)
+    with capsys.disabled():
+        print(f"\nMATH-500 answers: {parsed} parsed, {len(fallback)} string fallback {fallback}")
+    assert len(fallback) <= 10
+
+
+# ---------------------------------------------------------------------------------------------
+# peer cases (Math-Verify 0.9.0 labels). Conflicts with our documented policy, kept deliberate:
+PEER_CONFLICTS = {
+    ("1000.99", "the number is not 10 which is 1,000.99\u20ac"):
+        "free text without \\boxed: we read only boxed answers / whole answer strings",
+    ("$\\frac{1}{12}$", "$0.0833333333333333$"):
+        "decimals are exact rationals; Math-Verify rounds floats to 6 digits",
+    ("$9$", "Answer \\[ \n 9 \n \\]"):
+        "free text without \\boxed: no last-LaTeX-block extraction",
+    ("$10/9$", "Answer $ \\frac{1}{2} \\$ = \\frac{10}{9} $"):
+        "free text without \\boxed: no last-LaTeX-block extraction",
+    ("$(1,3)$", "${1,3}$"):
+        "a tuple is ordered, a set is not: never equal",
+    ("$\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}$",
+     "The identity matrix is $ \\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix} $."):
+        "free text without \\boxed: no last-LaTeX-block extraction",
+    ("$\\begin{pmatrix}1 & 2 \\\\3 & 4\\end{pmatrix}$",
+     "Special matrix: $ \\left[\\begin{array}{cc}1 & 2 \\\\3 & 4\\end{array}\\right] $"):
+        "free text without \\boxed: no last-LaTeX-block extraction",
+    ("$x >= 5$", "Therefore $x \\geq 5$ is the solution."):
+        "free text without \\boxed: no last-LaTeX-block extraction",
+    ("$\\boxed{1}\\boxed{2}$", "$\\boxed{1,2}$"):
+        "only the LAST box is the answer; several boxes are not joined into a list",
+    ("\\(\\boxed{1}\\) and \\(\\boxed{-2}\\).", "$\\boxed{-2,1}$."):
+        "only the LAST box is the answer; several boxes are not joined into a list",
+    ("$${1,2,3}$$", "\\boxed{1},\\boxed{2},\\boxed{3}"):
+        "only the LAST box is the answer; several boxes are not joined into a list",
+    ("\\boxed{1} papers and \\boxed{2} bins", "$\\boxed{1,2}$"):
+        "only the LAST box is the answer; several boxes are not joined into a list",
+}
+
+# For the free-text conflicts: the same math, boxed, agrees with the peer label.
+PEER_FREE_TEXT_BOXED = [
+    ("1,000.99\u20ac", "1000.99"), ("9", "$9$"), ("\\frac{10}{9}", "$10/9$"),
+    ("\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}", "$\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}$"),
+    ("\\left[\\begin{array}{cc}1 & 2 \\\\3 & 4\\end{array}\\right]", "$\\begin{pmatrix}1 & 2 \\\\3 & 4\\end{pmatrix}$"),
+    ("x \\geq 5", "$x >= 5$"),
+]
+
+
+def _peer_answer(s):
+    return extract_final_answer(s) if ("\\boxed" in s or "\\fbox" in s) else s
+
+
+@needs_data
+def test_peer_cases_math_verify():
+    cases = _load("peer_cases_math_verify.json")
+    assert len(cases) == 80
+    keys = {(c["gold"], c["pred"]) for c in cases}
+    assert set(PEER_CONFLICTS) <= keys, "a listed conflict is not in the peer file"
+    agree = 0
+    for c in cases:
+        ours = is_equivalent(_peer_answer(c["pred"]), _peer_answer(c["gold"]))
+        key = (c["gold"], c["pred"])
+        if key in PEER_CONFLICTS:
+            assert ours == (not c["equal"]), f"listed conflict no longer differs: {key}"
+        else:
+            assert ours == c["equal"], f"unlisted disagreement with peer label: {key}"
+            agree += 1
+    assert agree == 80 - len(PEER_CONFLICTS)
+
+
+def test_peer_free_text_conflicts_are_only_about_extraction():
+    for pred, gold in PEER_FREE_TEXT_BOXED:
+        assert reward(f"We get $\\boxed{{{pred}}}$.", gold) == 1.0, pred
+
+
+# ---------------------------------------------------------------------------------------------
+# hostile inputs: all score 0, each well under a second, no side effect
+PWNED = "/tmp/pwned_rlvr"
+HOSTILE = {
+    "python_code": ("\\boxed{__import__('os').system('touch " + PWNED + "')}", "0"),
+    "python_code_gold_too": ("\\boxed{__import__('os').system('touch " + PWNED + "')}",
+                             "__import__('os').system('touch " + PWNED + "x')"),
+    "dunder_walk": ("\\boxed{().__class__.__bases__[0].__subclasses__()}", "0"),
+    "tower_9999": ("\\boxed{9^{9^{9^9}}}", "1"),
+    "tower_2s": ("\\boxed{2^{2^{2^{2^{2^{2}}}}}}", "1"),
+    "tower_10": ("\\boxed{10^{10^{10}}}", "1"),
+    "irrational_tower": ("\\boxed{\\sqrt{2}^{\\sqrt{2}^{\\sqrt{2}^{10000}}}}", "1"),
+    "huge_rational_power": ("\\boxed{(\\frac{3}{2})^{100000}}", "1"),
+    "factorial_100000": ("\\boxed{100000!}", "1"),
+    "factorial_of_power": ("\\boxed{(10^{10})!}", "1"),
+    "factorial_factorial": ("\\boxed{((20)!)!}", "1"),
+    "binomial": ("\\boxed{\\binom{100000}{50000}}", "1"),
+    "nested_parens_3000": ("\\boxed{" + "(" * 3000 + "1" + ")" * 3000 + "}", "1"),
+    "nested_parens_400": ("\\boxed{" + "(" * 400 + "1" + ")" * 400 + "}", "1"),
+    "nested_fracs_300": ("\\boxed{" + "\\frac{1}{" * 300 + "2" + "}" * 300 + "}", "2"),
+    "nested_fracs_3000": ("\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}", "2"),
+    "nested_sqrt": ("\\boxed{" + "\\sqrt{" * 200 + "2" + "}" * 200 + "}", "2"),
+    "nested_braces": ("\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}", "1"),
+    "digits_20000": ("\\boxed{" + "9" * 20000 + "}", "9" * 20000),
+    "digits_4400": ("\\boxed{" + "7" * 4400 + "}", "7"),
+    "sci_huge": ("\\boxed{1e999999}", "1"),
+    "one_megabyte": ("x" * 1_000_000 + " \\boxed{5}", "6"),
+    "one_megabyte_of_boxes": ("\\boxed{1}" * 120_000, "2"),
+    "unclosed_boxes": ("\\boxed{" * 5000, "1"),
+    "unclosed_after_good": ("\\boxed{1} " + "\\boxed{" * 5000 + "1", "1"),
+    "integral": ("\\boxed{\\int_0^1 x\\,dx}", "\\frac12"),
+    "sum": ("\\boxed{\\sum_{n=1}^{\\infty} \\frac{1}{n^2}}", "\\frac{\\pi^2}{6}"),
+    "limit": ("\\boxed{\\lim_{x\\to 0} \\frac{\\sin x}{x}}", "1"),
+    "nul_in_box": ("\\boxed{5\x00}", "5"),
+    "nul_flood": ("\x00" * 100_000 + "\\boxed{\x005}", "5"),
+    "sin_huge": ("\\boxed{\\sin(10^{100})}", "0"),
+    "exp_huge": ("\\boxed{e^{10^{10}}}", "1"),
+    "many_vars": ("\\boxed{" + "+".join(f"x_{{{i}}}" for i in range(100)) + "}", "1"),
+    "many_pm": ("\\boxed{" + "+".join(["1\\pm 1"] * 40) + "}", "1"),
+    "many_items": ("\\boxed{" + ",".join(["1"] * 1000) + "}", "1"),
+    "huge_root_index": ("\\boxed{\\sqrt[10000]{2}}", "1"),
+    "division_by_zero": ("\\boxed{\\frac{1}{0}}", "1"),
+    "log_zero": ("\\boxed{\\log 0}", "1"),
+    "long_overline": ("\\boxed{0.\\overline{" + "3" * 1000 + "}}", "\\frac13"),
+    "whitespace_flood": ("\\boxed{1" + " " * 1990 + "x}", "1"),
+    "regex_unit_tail": ("\\boxed{1" + " " * 1000 + "miles" * 190 + "}", "1"),
+    "none": (None, "1"),
+    "bytes": (b"\\boxed{1}", "1"),
+    "int": (1, "1"),
+    "gold_none": ("\\boxed{1}", None),
+    "gold_list": ("\\boxed{1}", ["1"]),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_inputs_score_zero_fast(name):
+    response, gold = HOSTILE[name]
+    if os.path.exists(PWNED):
+        os.remove(PWNED)
+    t0 = time.perf_counter()
+    r = reward(response, gold)
+    s = score(response, gold)
+    elapsed = time.perf_counter() - t0
+    assert r == 0.0
+    assert s[0] == 0.0 and s[2] in ("wrong", "no_answer")
+    assert elapsed < 1.0, f"{name} took {elapsed:.3f}s"
+    assert not os.path.exists(PWNED)
+    assert not os.path.exists(PWNED + "x")
+
+
+def test_hostile_answers_used_as_reference_are_fast_and_safe():
+    for name, (response, _gold) in HOSTILE.items():
+        ans = extract_final_answer(response)
+        if ans is None:
+            continue
+        t0 = time.perf_counter()
+        is_equivalent("1", ans)
+        is_equivalent(ans, ans)
+        assert time.perf_counter() - t0 < 1.0, name
+        assert not os.path.exists(PWNED)
+    code = extract_final_answer(HOSTILE["python_code"][0])
+    assert not is_equivalent("0", code)
+    assert not is_equivalent("", code)
+
+
+# ---------------------------------------------------------------------------------------------
+# TimedVerifier
+import verifier_hostile_helpers as helpers  # noqa: E402
+
+
+def test_timed_verifier_default_scoring_and_persistent_worker():
+    with TimedVerifier(timeout_s=10.0) as tv:
+        assert tv._ctx.get_start_method() == "spawn"
+        assert tv.score("so \\boxed{\\frac12}", "0.5") == (1.0, "\\frac12", "correct")
+        assert tv.score("so \\boxed{3}", "4") == (0.0, "3", "wrong")
+        assert tv.score("no box", "4") == (0.0, None, "no_answer")
+        assert tv.score(None, "4")[0] == 0.0
+        assert tv.score("\\boxed{9^{9^{9^9}}}", "1")[0] == 0.0
+        assert tv.n_starts == 1  # one persistent worker, spawned once
+        pid = tv._proc.pid
+        assert tv.score("\\boxed{1}", "1")[0] == 1.0
+        assert tv._proc.pid == pid
+    assert tv._proc is None
+
+
+def test_timed_verifier_timeout_crash_and_recovery():
+    tv = TimedVerifier(timeout_s=0.5, score_fn=helpers.misbehaving_score)
+    try:
+        assert tv.score("\\boxed{2}", "2") == (1.0, "2", "correct")
+        pid1 = tv.score("PID", "x")[1]
+
+        t0 = time.perf_counter()
+        assert tv.score("SLEEP", "1") == (0.0, None, "timeout")
+        assert time.perf_counter() - t0 < 5.0
+        assert tv.n_timeouts == 1
+        assert tv.score("\\boxed{2}", "2") == (1.0, "2", "correct")  # restarted, works again
+        pid2 = tv.score("PID", "x")[1]
+        assert pid2 != pid1
+
+        assert tv.score("EXIT", "1") == (0.0, None, "crash")
+        assert tv.score("\\boxed{3}", "3") == (1.0, "3", "correct")
+        pid3 = tv.score("PID", "x")[1]
+        assert pid3 != pid2
+
+        assert tv.score("RAISE", "1") == (0.0, None, "crash")
+        assert tv.score("\\boxed{4}", "4") == (1.0, "4", "correct")
+        assert tv.score("PID", "x")[1] == pid3  # a raising score_fn does not cost a restart
+        assert tv.n_crashes == 2
+        assert tv.n_starts == 3
+    finally:
+        tv.close()
+
+
+def test_timed_verifier_sleeping_score_fn_every_call():
+    with TimedVerifier(timeout_s=0.5, score_fn=helpers.sleep_forever) as tv:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            assert tv.score("\\boxed{1}", "1") == (0.0, None, "timeout")
+            assert time.perf_counter() - t0 < 5.0
+        assert tv.n_timeouts == 2
+
+
+def test_spawn_context_available():
+    assert "spawn" in multiprocessing.get_all_start_methods()
+
+
+def test_same_results_in_other_processes_with_other_hash_seeds():
+    import subprocess
+
+    pairs = [(p, g) for cat in sorted(CATEGORIES) for pairs_ in CATEGORIES[cat] for p, g in pairs_]
+    here = [is_equivalent(p, g) for p, g in pairs]
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import verifier; "
+        "pairs = json.loads(sys.stdin.read()); "
+        "print(json.dumps([verifier.is_equivalent(p, g) for p, g in pairs]))"
+    )
+    for seed in ("1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", code, str(ROOT)], input=json.dumps(pairs),
+                             capture_output=True, text=True, env=env, timeout=120, check=True)
+        assert json.loads(out.stdout) == here

@@ -1,0 +1,1910 @@
+"""Final-answer verifier for RLVR: reward 1.0 when the last boxed answer of a response is
+mathematically equivalent to the reference answer, else 0.0.
+
+Model text is never executed: answers go through a hand-written tokenizer and recursive-descent
+parser (a LaTeX subset) into a small tree of tuples, which is then computed with exact rationals
+(fractions.Fraction) and, for irrational values only, 60-digit mpmath arithmetic in a private
+context. No Python code is ever generated from the input, and sympy is not used.
+
+Extraction
+    The last ``\\boxed{...}``, ``\\boxed x`` or ``\\fbox{...}`` of the response (only the last
+    32768 characters of a response are read). Braces are matched, escaped braces ``\\{ \\}`` do
+    not count; nested boxes are unwrapped; surrounding ``$``/``$$``, ``\\[ \\]``, ``\\( \\)`` and
+    a trailing period are removed. Empty, unbalanced or missing box: no answer (reward 0, status
+    "no_answer", kept apart from "wrong").
+
+Equivalence policy
+  * Numbers compare exactly as rationals: integers, ``\\frac12``, ``\\frac{-1}{2}``, ``\\dfrac``,
+    ``\\tfrac``, ``1/2``; decimals are exact fractions (``0.75`` == 3/4, ``0.333`` != 1/3,
+    ``6.67`` != 20/3); repeating decimals (``0.\\overline{3}``); scientific notation
+    (``1.5\\times10^{-5}``, ``1.5e-5``); thousands separators in groups of three (``1,000``,
+    ``1{,}000``, ``1\\,000``, ``1 000``, ``42,\\!409``; a comma followed by a space, or groups
+    that are not three digits, make a list instead); mixed numbers (``10\\frac{1}{12}`` and
+    ``10 \\frac{1}{12}`` are 121/12, but ``10\\cdot\\frac1{12}`` is 10/12, and an improper
+    ``2\\frac{3}{2}`` is the product 3); leading ``+``, ``-0``,
+    ``.5``, ``12.0``.
+  * Irrational values (radicals, roots of any index up to 64, ``\\pi``, ``e``, trig/log functions) compare
+    exactly where an exact form exists (perfect powers) or by 60-digit arithmetic with a RELATIVE
+    tolerance of 1e-30 (absolute only when both sides are below 1e-50): ``2\\sqrt2`` == ``\\sqrt8``,
+    ``2.414`` != ``1+\\sqrt2``, ``10^{-21}`` != ``10^{-20}``. (So only a decimal written to
+    30+ correct significant digits could pass for an irrational value.)
+  * Expressions with variables compare by value at four fixed, deterministic points; both sides
+    must use exactly the same variable names: ``(x+1)^2`` == ``x^2+2x+1``, ``p-q`` != ``q-p``.
+    ``e`` is Euler's number and ``i`` the imaginary unit; ``\\log`` without a base is natural.
+  * Presentation is ignored: ``\\left``/``\\right``, spacing commands, ``\\displaystyle``,
+    ``\\text{}``/``\\mathrm{}``/``\\mbox{}`` around a number or a unit word after it
+    (``2 \\text{ euros}``, ``10\\text{ cm}^2``), a short list of bare unit words at the end
+    (``125 miles``, ``28 percent``), ``^\\circ`` and the degree sign, ``\\$``, ``\\%``.
+    A bare single letter is always a variable, never a unit: ``2c`` != ``2``, ``a+c`` != ``a+d``.
+  * ``x = 5`` answers ``5`` (left side a single variable with a constant right side, a function
+    like ``f(x)``, or a tuple of variables); ``k = -\\frac{33}{2} = -16.5`` is accepted because all
+    parts agree; a chain whose parts disagree (``5=3``, ``x=5=3``) is a false statement and wrong.
+  * Tuples and points are ordered; intervals compare both endpoints AND bracket types
+    (``[0,3)`` != ``[0,3]`` != ``(0,3)``); ``(a,b)`` is both the point and the open interval;
+    unions of intervals compare as unordered sets of pieces; single-variable inequalities become
+    intervals (``-793 < a < 10`` == ``(-793,10)``, ``x \\ge 5`` == ``[5,\\infty)``); ``x \\in S``
+    answers ``S``.
+  * Comma lists and ``\\{...\\}`` sets are unordered and must match exactly (no subset, no
+    superset; duplicates collapse; a one-element set equals its element): ``2, 3, \\text{ and } 4``
+    is the list 2, 3, 4; ``a \\pm b`` is the list a+b, a-b (so ``\\pm 2`` is wrong for ``2``).
+    A tuple is never equal to a set.
+  * Matrices (``pmatrix``, ``bmatrix``, ``matrix``, ``array``) compare entry by entry; a single
+    row or column matrix also equals the tuple of its entries.
+  * Numbers with a base subscript (``204_5``) equal only the same value in the same base.
+  * Text answers (``\\text{Evelyn}``, ``\\text{(C)}``) compare case-insensitively after
+    unwrapping ``\\text``, spaces and a pair of parentheses: ``\\text{(C)}`` == ``C``.
+  * Equations with variables (``y=2x+3``, ``5x-7y+11z+4=0``) compare as equations: same
+    variables and left-minus-right sides proportional by a non-zero constant.
+  * A reference answer that cannot be parsed falls back to exact equality of normalized strings
+    (whitespace, ``$``, ``\\left``/``\\right`` and spacing removed); it never rewards anything else.
+
+Safety (bounded by construction)
+    Caps: response 32768 chars (tail kept), answer 2000 chars, 600 tokens, nesting depth 40,
+    1500 tree nodes, 300-digit literals, exact results up to 12000 bits, integer exponents whose
+    result would exceed that are refused (never computed), factorials up to 1000!, irrational
+    magnitudes within 10^±4000, trig arguments up to 10^6, 16 variables, 64 list items.
+    Anything beyond a cap, any unknown command (``\\int``, ``\\sum``, ``\\lim``, ...) and any
+    control character is refused: the answer scores 0. No randomness and no dependence on hash
+    order: same input, same output in every process. ``TimedVerifier`` adds a hard wall-clock
+    limit by scoring in a persistent spawned worker process that is killed and restarted on
+    overrun.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import multiprocessing
+import re
+import signal
+import threading
+from fractions import Fraction
+
+from mpmath.ctx_mp import MPContext
+
+__all__ = ["extract_final_answer", "is_equivalent", "reward", "score", "TimedVerifier"]
+
+# ----------------------------------------------------------------------------------------------
+# limits
+MAX_RESPONSE_CHARS = 32768
+MAX_ANSWER_CHARS = 2000
+MAX_TOKENS = 600
+MAX_DEPTH = 40
+MAX_NODES = 1500
+MAX_LITERAL_DIGITS = 300
+MAX_BITS = 12000
+MAX_EXPONENT = 100000
+MAX_FACTORIAL = 1000
+MAX_BINOM_N = 2000
+MAX_ROOT_INDEX = 64
+MAX_MP_MAG_BITS = 13300  # about 10^4000
+MAX_TRIG_ARG = 10 ** 6
+MAX_EXP_ARG = 9000
+MAX_VARS = 16
+MAX_ITEMS = 64
+MAX_PM_EXPANSION = 16
+
+_CTX = MPContext()
+_CTX.dps = 60
+_REL_TOL = _CTX.mpf(10) ** -30
+_TINY = _CTX.mpf(10) ** -50
+
+
+class _Refuse(Exception):
+    """The text is outside the supported, bounded subset."""
+
+
+class _Undefined(Exception):
+    """A value is undefined (division by zero, log of zero, ...)."""
+
+
+class _Inf:
+    __slots__ = ("sign",)
+
+    def __init__(self, sign):
+        self.sign = sign
+
+
+# ----------------------------------------------------------------------------------------------
+# extraction
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BRACE_RE = re.compile(r"\\.|[{}]", re.S)
+_CTRL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _match_group(s, i):
+    """s[i] == '{'; index just after the matching '}', or -1 when unbalanced."""
+    depth = 0
+    for m in _BRACE_RE.finditer(s, i):
+        t = m.group()
+        if t == "{":
+            depth += 1
+        elif t == "}":
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    return -1
+
+
+def _strip_wrappers(s):
+    for _ in range(12):
+        old = s
+        s = s.strip()
+        if s.endswith("."):
+            s = s[:-1].rstrip()
+        if len(s) >= 2 and s.startswith("$") and s.endswith("$"):
+            s = s.strip("$")
+        elif s.startswith("\\[") and s.endswith("\\]"):
+            s = s[2:-2]
+        elif s.startswith("\\(") and s.endswith("\\)"):
+            s = s[2:-2]
+        else:
+            m = _BOX_RE.match(s)
+            if m:
+                k = m.end()
+                while k < len(s) and s[k] in " \t\n\r":
+                    k += 1
+                if k < len(s) and s[k] == "{" and _match_group(s, k) == len(s):
+                    s = s[k + 1:-1]
+        if s == old:
+            break
+    return s.strip()
+
+
+def extract_final_answer(text):
+    """Content of the last \\boxed{...} / \\boxed x / \\fbox{...} of ``text``, or None."""
+    try:
+        return _extract(text)
+    except Exception:  # never raise for any input
+        return None
+
+
+def _extract(text):
+    if not isinstance(text, str):
+        return None
+    if len(text) > MAX_RESPONSE_CHARS:
+        text = text[-MAX_RESPONSE_CHARS:]
+    last = None
+    for last in _BOX_RE.finditer(text):
+        pass
+    if last is None:
+        return None
+    n = len(text)
+    k = last.end()
+    while k < n and text[k] in " \t\n\r":
+        k += 1
+    if k < n and text[k] == "{":
+        e = _match_group(text, k)
+        if e < 0:
+            return None
+        content = text[k + 1:e - 1]
+    else:
+        m = re.match(r"[^\s$]+", text[k:k + 200])
+        if not m:
+            return None
+        content = m.group().rstrip(".,;")
+    content = _strip_wrappers(content)
+    if not content or _CTRL_RE.search(content):
+        return None
+    return content
+
+
+# ----------------------------------------------------------------------------------------------
+# string normalization
+_UNICODE = [
+    ("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "\\times "), ("\u22c5", "\\cdot "),
+    ("\u00b7", "\\cdot "), ("\u00f7", "\\div "), ("\u2264", "\\le "), ("\u2265", "\\ge "),
+    ("\u2260", "\\ne "), ("\u221e", "\\infty "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "),
+    ("\u222a", "\\cup "), ("\u00b1", "\\pm "), ("\u00b0", ""), ("\u20ac", ""), ("\u00a3", ""),
+]
+_LEFTRIGHT_RE = re.compile(
+    r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|Biggl|Biggr|big|Big|bigg|Bigg)"
+    r"(?![A-Za-z])\s*(\\[{}|]|\\[lr](?:brace|vert|angle|floor|ceil)|[()\[\]|.])")
+_DEGREE_RE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![A-Za-z])|\\degree(?![A-Za-z])")
+_TEXT_AND_RE = re.compile(
+    r"\\(?:text|textnormal|textrm|mbox|mathrm)\s*\{\s*(?:and|or)\s*\}", re.I)
+_BARE_AND_RE = re.compile(r"(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])")
+_SPACING_RE = re.compile(
+    r"\\\\|\\(?:[,;: !]|q?quad(?![A-Za-z])|enspace(?![A-Za-z])|thinspace(?![A-Za-z]))|~")
+_COMMAS_RE = re.compile(r",(?:\s*,)+")
+_THOU_RE = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])")
+_SPACE_THOU_RE = re.compile(r"(?<![0-9.])[0-9]{1,3}(?: [0-9]{3})+(?![0-9])")
+_UNIT_WORDS = (
+    r"percent|percentage\s+points|points?|degrees?|radians?|dollars?|cents?|euros?|yuan|"
+    r"pounds?|units?|miles?|mph|inches|inch|feet|foot|ft|yards?|meters?|metres?|"
+    r"centimeters?|cm|mm|km|kilometers?|kg|grams?|hours?|hrs?|minutes?|mins?|seconds?|"
+    r"secs?|days?|weeks?|months?|years?|people|students|ways")
+_BARE_UNIT_RE = re.compile(
+    r"([0-9}\s])\s*(?:(?:square|sq\.?|cubic)\s+)?(?:" + _UNIT_WORDS + r")"
+    r"(?:\s*\^\s*\{?\s*[23]\s*\}?)?\s*$", re.I)
+
+
+def _strip_bare_unit(s):
+    """Drop a unit word at the end ('125 miles', '28 percent'); only the short tail is searched
+    so the regex stays linear."""
+    head, tail = s[:-60], s[-60:]
+    return head + _BARE_UNIT_RE.sub(lambda m: m.group(1), tail)
+
+
+def _join_thousands(s):
+    if "," not in s:
+        return s
+    depth = [0] * (len(s) + 1)
+    d = 0
+    i = 0
+    while i < len(s):
+        c = s[i]
+        depth[i] = d
+        if c == "\\" and i + 1 < len(s):
+            if s[i + 1] == "{":
+                d += 1
+            elif s[i + 1] == "}":
+                d -= 1
+            depth[i + 1] = d
+            i += 2
+            continue
+        if c in "([":
+            d += 1
+        elif c in ")]":
+            d -= 1
+        i += 1
+
+    def repl(m):
+        if depth[m.start()] == 0:
+            return m.group().replace(",", "")
+        return m.group()
+
+    return _THOU_RE.sub(repl, s)
+
+
+def _clean(s):
+    """Presentation-level normalization of one answer string (raises _Refuse)."""
+    if not isinstance(s, str) or len(s) > MAX_ANSWER_CHARS or _CTRL_RE.search(s):
+        raise _Refuse
+    s = _strip_wrappers(re.sub(r"\s+", " ", s))
+    for a, b in _UNICODE:
+        if a in s:
+            s = s.replace(a, b)
+    s = _LEFTRIGHT_RE.sub(lambda m: "" if m.group(1) == "." else m.group(1), s)
+    s = re.sub(r"\\(?:displaystyle|textstyle|limits|nolimits|hline)(?![A-Za-z])", " ", s)
+    s = re.sub(r"\\(?:dfrac|tfrac|cfrac)(?![A-Za-z])", r"\\frac", s)
+    s = re.sub(r"\\(?:dbinom|tbinom)(?![A-Za-z])", r"\\binom", s)
+    s = re.sub(r"\\(?:hspace|vspace|phantom|hphantom)\*?\s*\{[^{}]*\}", " ", s)
+    s = _DEGREE_RE.sub("", s)
+    s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("$", "")
+    s = s.replace("{,}", ",")
+    s = re.sub(r",\s*\\!\s*", ",", s)
+    s = _SPACING_RE.sub(lambda m: m.group() if m.group() == "\\\\" else
+                        ("" if m.group() == "\\!" else " "), s)
+    s = _TEXT_AND_RE.sub(",", s)
+    s = _BARE_AND_RE.sub(",", s)
+    s = _COMMAS_RE.sub(",", s)
+    s = _join_thousands(s)
+    s = _SPACE_THOU_RE.sub(lambda m: m.group().replace(" ", ""), s)
+    s = _strip_bare_unit(s)
+    s = s.strip()
+    if s.endswith("."):
+        s = s[:-1].strip()
+    return s
+
+
+_TEXTCMD_NAME_RE = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textsf|texttt|textnormal|textup|mbox|hbox|mathrm|"
+    r"mathbf|mathit|mathsf|emph|operatorname)(?![A-Za-z])")
+
+
+def _text_key(s):
+    if not isinstance(s, str) or len(s) > MAX_ANSWER_CHARS:
+        return None
+    s = _strip_wrappers(s)
+    s = _TEXTCMD_NAME_RE.sub("", s)
+    s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\[,;:! ]|~", "", s)
+    s = re.sub(r"[\s{}$]", "", s).lower()
+    s = s.rstrip(".")
+    while len(s) >= 2 and s[0] == "(" and s[-1] == ")" and "," not in s:
+        s = s[1:-1]
+    return s
+
+
+def _norm_string(s):
+    try:
+        t = _clean(s)
+    except _Refuse:
+        t = s if isinstance(s, str) else ""
+    return re.sub(r"\s+", "", t)
+
+
+# ----------------------------------------------------------------------------------------------
+# tokenizer: tokens are (kind, value)
+_TEXT_CMDS = {"text", "textbf", "textit", "textrm", "textsf", "texttt", "textnormal", "textup",
+              "mbox", "hbox", "mathrm", "emph", "operatorname"}
+_TRANSPARENT_CMDS = {"mathbf", "mathit", "boldsymbol", "bm", "mathsf", "displaystyle",
+                     "textstyle", "limits", "nolimits", "hline", "left", "right"}
+_GREEK = {"alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta",
+          "vartheta", "iota", "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau",
+          "upsilon", "phi", "varphi", "chi", "psi", "omega", "Gamma", "Delta", "Theta",
+          "Lambda", "Xi", "Sigma", "Phi", "Psi", "Omega", "ell"}
+_FUNCS = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh",
+          "cosh", "tanh", "ln", "log", "exp"}
+_REL_CMDS = {"le": "le", "leq": "le", "leqslant": "le", "ge": "ge", "geq": "ge",
+             "geqslant": "ge", "lt": "lt", "gt": "gt", "ne": "ne", "neq": "ne", "in": "in",
+             "approx": "bad", "sim": "bad", "equiv": "bad", "to": "bad", "rightarrow": "bad",
+             "Rightarrow": "bad", "implies": "bad", "subset": "bad", "subseteq": "bad"}
+_MATRIX_ENVS = {"pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix", "array"}
+_NUM_RE = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+_OVERLINE_RE = re.compile(r"\s*\\overline\s*\{\s*([0-9]+)\s*\}")
+_SCI_RE = re.compile(r"[eE]([+-]?[0-9]{1,6})(?![A-Za-z0-9])")
+_NUMERIC_TEXT_RE = re.compile(r"[0-9.,\s+\-]+")
+_CMD_RE = re.compile(r"[A-Za-z]+")
+
+
+def _tokenize(s, toks=None):
+    if toks is None:
+        toks = []
+    i = 0
+    n = len(s)
+    while i < n:
+        if len(toks) > MAX_TOKENS:
+            raise _Refuse
+        c = s[i]
+        if c in " \t\n\r":
+            i += 1
+            continue
+        if "0" <= c <= "9" or (c == "." and i + 1 < n and "0" <= s[i + 1] <= "9"):
+            m = _NUM_RE.match(s, i)
+            t = m.group()
+            i = m.end()
+            if len(t) > MAX_LITERAL_DIGITS:
+                raise _Refuse
+            rep = None
+            sci = None
+            if "." in t:
+                m2 = _OVERLINE_RE.match(s, i)
+                if m2:
+                    rep = m2.group(1)
+                    if len(rep) > MAX_LITERAL_DIGITS:
+                        raise _Refuse
+                    i = m2.end()
+            if rep is None:
+                m3 = _SCI_RE.match(s, i)
+                if m3:
+                    sci = int(m3.group(1))
+                    i = m3.end()
+            toks.append(("num", (t, rep, sci)))
+            continue
+        if ("a" <= c <= "z") or ("A" <= c <= "Z"):
+            toks.append(("let", c))
+            i += 1
+            continue
+        if c == "\\":
+            if i + 1 >= n:
+                raise _Refuse
+            m = _CMD_RE.match(s, i + 1)
+            if m:
+                name = m.group()
+                i = m.end()
+            else:
+                name = s[i + 1]
+                i += 2
+            if name in _TEXT_CMDS:
+                while i < n and s[i] in " \t\n\r":
+                    i += 1
+                if i < n and s[i] == "{":
+                    e = _match_group(s, i)
+                    if e < 0:
+                        raise _Refuse
+                    content = s[i + 1:e - 1]
+                    i = e
+                else:
+                    raise _Refuse
+                c2 = content.strip()
+                if not c2:
+                    continue
+                if _NUMERIC_TEXT_RE.fullmatch(c2) and re.search(r"[0-9]", c2):
+                    _tokenize(c2, toks)
+                elif c2.lower() in ("and", "or"):
+                    toks.append(("op", ","))
+                else:
+                    toks.append(("text", c2))
+                continue
+            if name in ("begin", "end"):
+                m = re.compile(r"\s*\{\s*([A-Za-z]+\*?)\s*\}").match(s, i)
+                if not m:
+                    raise _Refuse
+                env = m.group(1)
+                i = m.end()
+                if name == "begin" and env == "array":
+                    while i < n and s[i] in " \t\n\r":
+                        i += 1
+                    if i < n and s[i] == "{":
+                        e = _match_group(s, i)
+                        if e < 0:
+                            raise _Refuse
+                        i = e
+                toks.append((name, env))
+                continue
+            if name in _TRANSPARENT_CMDS:
+                continue
+            if name == "\\":
+                toks.append(("row", None))
+            elif name in ("{", "lbrace"):
+                toks.append(("lset", None))
+            elif name in ("}", "rbrace"):
+                toks.append(("rset", None))
+            elif name in ("langle",):
+                toks.append(("op", "("))
+            elif name in ("rangle",):
+                toks.append(("op", ")"))
+            elif name in ("cdot", "times", "ast"):
+                toks.append(("op", "*"))
+            elif name == "div":
+                toks.append(("op", "/"))
+            elif name in ("pm", "mp"):
+                toks.append(("pm", name))
+            elif name == "cup":
+                toks.append(("cup", None))
+            elif name in ("vert", "lvert", "rvert", "|", "mid"):
+                toks.append(("op", "|"))
+            elif name in _REL_CMDS:
+                toks.append(("rel", _REL_CMDS[name]))
+            elif name in (",", ";", ":", " ", "!", "quad", "qquad"):
+                continue
+            else:
+                toks.append(("cmd", name))
+            continue
+        if c in "<>!" and i + 1 < n and s[i + 1] == "=":
+            toks.append(("rel", {"<": "le", ">": "ge", "!": "ne"}[c]))
+            i += 2
+            continue
+        if c == "=":
+            toks.append(("rel", "eq"))
+        elif c == "<":
+            toks.append(("rel", "lt"))
+        elif c == ">":
+            toks.append(("rel", "gt"))
+        elif c in "+-*/^_()[]{},|!&":
+            toks.append(("op", c))
+        else:
+            toks.append(("bad", c))
+        i += 1
+    if len(toks) > MAX_TOKENS:
+        raise _Refuse
+    return toks
+
+
+def _num_value(val):
+    t, rep, sci = val
+    if "." in t:
+        ip, fp = t.split(".")
+        ip = ip or "0"
+        if rep:
+            v = Fraction(int(ip + fp + rep) - int(ip + fp), 10 ** len(fp) * (10 ** len(rep) - 1))
+        else:
+            v = Fraction(int(ip + fp), 10 ** len(fp))
+    else:
+        v = Fraction(int(t))
+    if sci is not None:
+        if abs(sci) > 3000:
+            raise _Refuse
+        v = v * Fraction(10) ** sci
+    return v
+
+
+# ----------------------------------------------------------------------------------------------
+# parser: nodes are tuples
+#   ('n', Fraction) ('k', value) ('v', name) ('c', 'pi'|'e'|'i'|'inf')
+#   ('+', (nodes)) ('*', (nodes)) ('neg', a) ('/', a, b) ('^', a, b) ('sqrt', a) ('root', a, idx)
+#   ('!', a) ('abs', a) ('floor', a) ('ceil', a) ('binom', a, b) ('f', name, arg, base)
+#   ('pm', a_or_None, b, 'pm'|'mp') ('seq', lb, rb, items) ('set', items) ('mat', rows)
+#   ('based', base, value)
+_OPENERS = {("op", "("), ("op", "["), ("op", "{"), ("lset", None)}
+_CLOSERS = {("op", ")"), ("op", "]"), ("op", "}"), ("rset", None)}
+
+
+class _Parser:
+    def __init__(self, toks):
+        self.t = list(toks)
+        self.i = 0
+        self.depth = 0
+        self.nodes = 0
+        self.abs_depth = 0
+        self.fn_arg = 0
+
+    # helpers
+    def peek(self, k=0):
+        j = self.i + k
+        return self.t[j] if j < len(self.t) else ("eof", None)
+
+    def take(self):
+        tok = self.peek()
+        if tok[0] == "eof":
+            raise _Refuse
+        self.i += 1
+        return tok
+
+    def expect(self, tok):
+        if self.take() != tok:
+            raise _Refuse
+
+    def mk(self, node):
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise _Refuse
+        return node
+
+    def enter(self):
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _Refuse
+
+    def leave(self):
+        self.depth -= 1
+
+    def at_end(self):
+        return self.i >= len(self.t)
+
+    # grammar
+    def expression(self):
+        self.enter()
+        terms = []
+        node = None
+        tok = self.peek()
+        if tok == ("op", "+"):
+            self.take()
+        if self.peek()[0] == "pm":
+            kind = self.take()[1]
+            node = self.mk(("pm", None, self.term(), kind))
+        else:
+            terms.append(self.term())
+        while True:
+            tok = self.peek()
+            if tok == ("op", "+"):
+                self.take()
+                terms.append(self.term())
+            elif tok == ("op", "-"):
+                self.take()
+                terms.append(self.mk(("neg", self.term())))
+            elif tok[0] == "pm":
+                self.take()
+                left = self._sum(node, terms)
+                terms = []
+                node = self.mk(("pm", left, self.term(), tok[1]))
+            else:
+                break
+        self.leave()
+        return self._sum(node, terms)
+
+    def _sum(self, node, terms):
+        parts = ([node] if node is not None else []) + terms
+        if len(parts) == 1:
+            return parts[0]
+        return self.mk(("+", tuple(parts)))
+
+    def term(self):
+        self.enter()
+        node = self.unary()
+        while True:
+            tok = self.peek()
+            if tok == ("op", "*"):
+                self.take()
+                node = self.mk(("*", (node, self.unary())))
+            elif tok == ("op", "/"):
+                self.take()
+                node = self.mk(("/", node, self.unary()))
+            else:
+                break
+        self.leave()
+        return node
+
+    def unary(self):
+        tok = self.peek()
+        if tok == ("op", "-"):
+            self.enter()
+            self.take()
+            node = self.mk(("neg", self.unary()))
+            self.leave()
+            return node
+        if tok == ("op", "+"):
+            self.enter()
+            self.take()
+            node = self.unary()
+            self.leave()
+            return node
+        return self.implicit()
+
+    def can_start_factor(self, tok):
+        k, v = tok
+        if k == "let" or k == "num":
+            return True
+        if k == "cmd":
+            if self.fn_arg and v in _FUNCS:
+                return False
+            return v in _FUNCS or v in _GREEK or v in ("pi", "frac", "sqrt", "binom", "lfloor",
+                                                       "lceil")
+        if k == "op":
+            if v in "({":
+                return True
+            if v == "|":
+                return self.abs_depth == 0
+        return False
+
+    def implicit(self):
+        self.enter()
+        first = self.peek()
+        node = self.power()
+        int_lit = (first[0] == "num" and first[1][1] is None and first[1][2] is None
+                   and "." not in first[1][0] and node[0] == "n")
+        factors = [node]
+        while self.can_start_factor(self.peek()):
+            if self.peek()[0] == "num":
+                raise _Refuse  # two numbers side by side: ambiguous
+            g = self.power()
+            if (len(factors) == 1 and int_lit and g[0] == "/" and g[1][0] == "n"
+                    and g[2][0] == "n" and g[1][1].denominator == 1
+                    and g[2][1].denominator == 1 and 0 < g[1][1] < g[2][1]):
+                factors[0] = self.mk(("n", factors[0][1] + g[1][1] / g[2][1]))
+                int_lit = False
+                continue
+            int_lit = False
+            factors.append(g)
+        self.leave()
+        if len(factors) == 1:
+            return factors[0]
+        return self.mk(("*", tuple(factors)))
+
+    def power(self):
+        self.enter()
+        base = self.postfix()
+        if self.peek() == ("op", "^"):
+            self.take()
+            exp = self.arg(exponent=True)
+            base = self.mk(("^", base, exp))
+            if self.peek() == ("op", "^"):
+                raise _Refuse
+            while self.peek() == ("op", "!"):
+                self.take()
+                base = self.mk(("!", base))
+        self.leave()
+        return base
+
+    def postfix(self):
+        node = self.primary()
+        while self.peek() == ("op", "!"):
+            self.take()
+            node = self.mk(("!", node))
+        return node
+
+    def arg(self, exponent=False):
+        """A TeX macro argument: {group}, one digit (or a whole number in an exponent), a
+        letter, or a command."""
+        self.enter()
+        tok = self.peek()
+        if tok == ("op", "{"):
+            self.take()
+            node = self.expression()
+            self.expect(("op", "}"))
+        elif tok[0] == "num":
+            t, rep, sci = tok[1]
+            if exponent or len(t) == 1 or not t.isdigit() or rep or sci is not None:
+                self.take()
+                node = self.mk(("n", _num_value(tok[1])))
+            else:
+                self.t[self.i] = ("num", (t[1:], None, None))
+                node = self.mk(("n", Fraction(int(t[0]))))
+        elif tok[0] == "let":
+            self.take()
+            node = self.mk(self._letter(tok[1], None))
+        elif tok[0] == "cmd":
+            node = self.primary()
+        elif exponent and tok == ("op", "-"):
+            self.take()
+            node = self.mk(("neg", self.arg(exponent=True)))
+        else:
+            raise _Refuse
+        self.leave()
+        return node
+
+    def _letter(self, c, sub):
+        if sub is None:
+            if c == "e":
+                return ("c", "e")
+            if c == "i":
+                return ("c", "i")
+            return ("v", c)
+        return ("v", c + "_" + sub)
+
+    def _subscript(self):
+        tok = self.take()
+        if tok[0] == "num" and tok[1][0].isdigit():
+            return tok[1][0]
+        if tok[0] == "let":
+            return tok[1]
+        if tok == ("op", "{"):
+            parts = []
+            while self.peek() != ("op", "}"):
+                t = self.take()
+                if t[0] == "num" and t[1][0].isdigit():
+                    parts.append(t[1][0])
+                elif t[0] == "let":
+                    parts.append(t[1])
+                else:
+                    raise _Refuse
+                if len(parts) > 8:
+                    raise _Refuse
+            self.take()
+            if not parts:
+                raise _Refuse
+            return "".join(parts)
+        raise _Refuse
+
+    def primary(self):
+        self.enter()
+        tok = self.take()
+        k, v = tok
+        if k == "num":
+            if self.peek() == ("op", "_"):
+                self.take()
+                base = self._subscript()
+                if not (v[0].isdigit() and base.isdigit()):
+                    raise _Refuse
+                b = int(base)
+                if not 2 <= b <= 36:
+                    raise _Refuse
+                try:
+                    value = int(v[0], b)
+                except ValueError:
+                    raise _Refuse
+                node = self.mk(("based", b, value))
+            else:
+                node = self.mk(("n", _num_value(v)))
+        elif k == "let":
+            sub = None
+            if self.peek() == ("op", "_"):
+                self.take()
+                sub = self._subscript()
+            node = self.mk(self._letter(v, sub))
+        elif k == "cmd":
+            node = self._command(v)
+        elif k == "op" and v in "([":
+            node = self._bracketed(v)
+        elif k == "op" and v == "{":
+            items, close = self._items({("op", "}")})
+            node = items[0] if len(items) == 1 else self.mk(("set", tuple(items)))
+        elif k == "lset":
+            if self.peek() == ("rset", None):
+                self.take()
+                node = self.mk(("set", ()))
+            else:
+                items, close = self._items({("rset", None)})
+                node = self.mk(("set", tuple(items)))
+        elif k == "op" and v == "|":
+            self.abs_depth += 1
+            inner = self.expression()
+            self.abs_depth -= 1
+            self.expect(("op", "|"))
+            node = self.mk(("abs", inner))
+        elif k == "begin":
+            node = self._matrix(v)
+        else:
+            raise _Refuse
+        self.leave()
+        return node
+
+    def _items(self, closers):
+        items = []
+        saved = self.abs_depth
+        self.abs_depth = 0
+        while True:
+            items.append(self.expression())
+            tok = self.take()
+            if tok == ("op", ","):
+                if len(items) >= MAX_ITEMS:
+                    raise _Refuse
+                continue
+            if tok in closers:
+                self.abs_depth = saved
+                return items, tok
+            raise _Refuse
+
+    def _bracketed(self, open_):
+        items, close = self._items({("op", ")"), ("op", "]")})
+        if len(items) == 1:
+            if (open_, close[1]) in (("(", ")"), ("[", "]")):
+                return items[0]
+            raise _Refuse
+        return self.mk(("seq", open_, close[1], tuple(items)))
+
+    def _matrix(self, env):
+        if env not in _MATRIX_ENVS:
+            raise _Refuse
+        rows = []
+        row = []
+        while True:
+            if self.peek()[0] == "end":
+                break
+            row.append(self.expression())
+            tok = self.take()
+            if tok == ("op", "&"):
+                continue
+            if tok[0] == "row":
+                rows.append(tuple(row))
+                row = []
+                continue
+            if tok[0] == "end":
+                self.i -= 1
+                rows.append(tuple(row))
+                row = []
+                break
+            raise _Refuse
+        if row:
+            rows.append(tuple(row))
+        end = self.take()
+        if end != ("end", env):
+            raise _Refuse
+        if not rows or any(len(r) != len(rows[0]) for r in rows) or not rows[0]:
+            raise _Refuse
+        return self.mk(("mat", tuple(rows)))
+
+    def _command(self, name):
+        if name == "pi":
+            return self.mk(("c", "pi"))
+        if name == "infty":
+            return self.mk(("c", "inf"))
+        if name in ("emptyset", "varnothing"):
+            return self.mk(("set", ()))
+        if name in _GREEK:
+            sub = None
+            if self.peek() == ("op", "_"):
+                self.take()
+                sub = self._subscript()
+            return self.mk(("v", name if sub is None else name + "_" + sub))
+        if name == "frac":
+            a = self.arg()
+            b = self.arg()
+            return self.mk(("/", a, b))
+        if name == "binom":
+            a = self.arg()
+            b = self.arg()
+            return self.mk(("binom", a, b))
+        if name == "sqrt":
+            if self.peek() == ("op", "["):
+                self.take()
+                idx = self.expression()
+                self.expect(("op", "]"))
+                return self.mk(("root", self.arg(), idx))
+            return self.mk(("sqrt", self.arg()))
+        if name in ("lfloor", "lceil"):
+            inner = self.expression()
+            self.expect(("cmd", "rfloor" if name == "lfloor" else "rceil"))
+            return self.mk(("floor" if name == "lfloor" else "ceil", inner))
+        if name in _FUNCS:
+            base = None
+            if name == "log" and self.peek() == ("op", "_"):
+                self.take()
+                base = self.arg(exponent=True)
+            power = None
+            if self.peek() == ("op", "^"):
+                self.take()
+                power = self.arg(exponent=True)
+            tok = self.peek()
+            if tok == ("op", "("):
+                self.take()
+                a = self.expression()
+                self.expect(("op", ")"))
+            elif tok == ("op", "{"):
+                self.take()
+                a = self.expression()
+                self.expect(("op", "}"))
+            else:
+                self.fn_arg += 1
+                a = self.implicit()
+                self.fn_arg -= 1
+            node = self.mk(("f", name, a, base))
+            if power is not None:
+                node = self.mk(("^", node, power))
+            return node
+        raise _Refuse
+
+
+def _parse(toks):
+    if not toks:
+        raise _Refuse
+    p = _Parser(toks)
+    node = p.expression()
+    if not p.at_end():
+        raise _Refuse
+    return node
+
+
+# ----------------------------------------------------------------------------------------------
+# tree walking helpers
+def _children(node):
+    k = node[0]
+    if k in ("+", "*"):
+        return node[1]
+    if k in ("neg", "sqrt", "!", "abs", "floor", "ceil"):
+        return (node[1],)
+    if k in ("/", "^", "binom", "root"):
+        return (node[1], node[2])
+    if k == "f":
+        return (node[2],) if node[3] is None else (node[2], node[3])
+    if k == "pm":
+        return (node[2],) if node[1] is None else (node[1], node[2])
+    if k == "seq":
+        return node[3]
+    if k == "set":
+        return node[1]
+    if k == "mat":
+        return tuple(c for r in node[1] for c in r)
+    return ()
+
+
+def _walk(node):
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(_children(n))
+
+
+def _vars(node):
+    return frozenset(n[1] for n in _walk(node) if n[0] == "v")
+
+
+def _has_kind(node, kind):
+    return any(n[0] == kind for n in _walk(node))
+
+
+def _rebuild(node, kids):
+    k = node[0]
+    if k in ("+", "*"):
+        return (k, tuple(kids))
+    if k in ("neg", "sqrt", "!", "abs", "floor", "ceil"):
+        return (k, kids[0])
+    if k in ("/", "^", "binom", "root"):
+        return (k, kids[0], kids[1])
+    if k == "f":
+        return ("f", node[1], kids[0], kids[1] if len(kids) > 1 else None)
+    return node
+
+
+def _expand(node):
+    """Expand \\pm / \\mp into the list of plain expressions."""
+    k = node[0]
+    if k == "pm":
+        bs = _expand(node[2])
+        as_ = _expand(node[1]) if node[1] is not None else [None]
+        out = []
+        for a in as_:
+            for b in bs:
+                if a is None:
+                    out += [b, ("neg", b)]
+                else:
+                    out += [("+", (a, b)), ("+", (a, ("neg", b)))]
+                if len(out) > MAX_PM_EXPANSION:
+                    raise _Refuse
+        return out
+    kids = _children(node)
+    if not kids or k in ("seq", "set", "mat"):
+        return [node]
+    combos = [[]]
+    for c in kids:
+        ex = _expand(c)
+        combos = [prev + [e] for prev in combos for e in ex]
+        if len(combos) > MAX_PM_EXPANSION:
+            raise _Refuse
+    return [_rebuild(node, kids2) for kids2 in combos]
+
+
+# ----------------------------------------------------------------------------------------------
+# evaluation
+def _mp(x):
+    if isinstance(x, Fraction):
+        return _CTX.mpf(x.numerator) / x.denominator
+    if isinstance(x, _Inf):
+        raise _Refuse
+    return x
+
+
+def _chk(x):
+    if isinstance(x, Fraction):
+        if x.numerator.bit_length() > MAX_BITS or x.denominator.bit_length() > MAX_BITS:
+            raise _Refuse
+        return x
+    if _CTX.isnan(x) or _CTX.isinf(x):
+        raise _Undefined
+    if x != 0 and abs(_CTX.mag(x)) > MAX_MP_MAG_BITS:
+        raise _Refuse
+    return x
+
+
+def _is_zero(x):
+    return x == 0
+
+
+def _iroot(n, k):
+    """Floor of the k-th root of the integer n >= 0."""
+    if n < 2:
+        return n
+    x = 1 << ((n.bit_length() + k - 1) // k)
+    while True:
+        y = ((k - 1) * x + n // x ** (k - 1)) // k
+        if y >= x:
+            return x
+        x = y
+
+
+def _exact_root(a, k):
+    """k-th root of the Fraction a >= 0 when it is rational, else None."""
+    p, q = a.numerator, a.denominator
+    rp, rq = _iroot(p, k), _iroot(q, k)
+    if rp ** k == p and rq ** k == q:
+        return Fraction(rp, rq)
+    return None
+
+
+def _int_pow(a, n):
+    """Fraction a to the integer n, refused before computing when the result is too big."""
+    if a == 0:
+        if n < 0:
+            raise _Undefined
+        return Fraction(0) if n > 0 else Fraction(1)
+    if a == 1 or n == 0:
+        return Fraction(1)
+    if a == -1:
+        return Fraction(1) if n % 2 == 0 else Fraction(-1)
+    if abs(n) > MAX_EXPONENT:
+        raise _Refuse
+    size = max(a.numerator.bit_length(), a.denominator.bit_length())
+    if abs(n) * size > MAX_BITS + 64:
+        raise _Refuse
+    return _chk(a ** n)
+
+
+def _pow(a, b):
+    if isinstance(a, _Inf) or isinstance(b, _Inf):
+        raise _Refuse
+    if isinstance(a, Fraction) and isinstance(b, Fraction):
+        if b.denominator == 1:
+            return _int_pow(a, b.numerator)
+        q, p = b.denominator, b.numerator
+        if q <= MAX_ROOT_INDEX and abs(p) <= 10000 and (a >= 0 or q % 2 == 1):
+            r = _exact_root(abs(a), q)
+            if r is not None:
+                return _int_pow(-r if a < 0 else r, p)
+        if a < 0 and q % 2 == 1:  # real odd root of a negative number
+            mag = _pow(-a, b)
+            return -mag if p % 2 else mag
+    A = _mp(a)
+    B = _mp(b)
+    if abs(B) > 10000:
+        raise _Refuse
+    if A == 0:
+        if _CTX.re(B) > 0:
+            return Fraction(0)
+        raise _Undefined
+    if abs(B) * abs(_CTX.log(abs(A))) > MAX_MP_MAG_BITS * 0.69:
+        raise _Refuse
+    if isinstance(b, Fraction) and b.denominator == 1:
+        return _chk(A ** int(b.numerator))
+    return _chk(_CTX.power(A, B))
+
+
+def _func(name, x, base):
+    if isinstance(x, _Inf):
+        raise _Refuse
+    X = _mp(x)
+    if name in ("sin", "cos", "tan", "cot", "sec", "csc", "sinh", "cosh", "tanh"):
+        if abs(X) > MAX_TRIG_ARG:
+            raise _Refuse
+    if name in ("sinh", "cosh", "tanh", "exp") and abs(X) > MAX_EXP_ARG:
+        raise _Refuse
+    if name == "sin":
+        return _chk(_CTX.sin(X))
+    if name == "cos":
+        return _chk(_CTX.cos(X))
+    if name in ("tan", "cot", "sec", "csc"):
+        s, c = _CTX.sin(X), _CTX.cos(X)
+        num, den = {"tan": (s, c), "cot": (c, s), "sec": (1, c), "csc": (1, s)}[name]
+        if abs(den) < _TINY:
+            raise _Undefined
+        return _chk(num / den)
+    if name == "arcsin":
+        return _chk(_CTX.asin(X))
+    if name == "arccos":
+        return _chk(_CTX.acos(X))
+    if name == "arctan":
+        return _chk(_CTX.atan(X))
+    if name == "sinh":
+        return _chk(_CTX.sinh(X))
+    if name == "cosh":
+        return _chk(_CTX.cosh(X))
+    if name == "tanh":
+        return _chk(_CTX.tanh(X))
+    if name == "exp":
+        return _chk(_CTX.exp(X))
+    if X == 0:
+        raise _Undefined
+    if name == "ln" or (name == "log" and base is None):
+        return _chk(_CTX.log(X))
+    if name == "log":
+        if isinstance(base, _Inf):
+            raise _Refuse
+        lb = _CTX.log(_mp(base))
+        if lb == 0:
+            raise _Undefined
+        return _chk(_CTX.log(X) / lb)
+    raise _Refuse
+
+
+def _as_int(x):
+    if isinstance(x, Fraction) and x.denominator == 1:
+        return x.numerator
+    raise _Refuse
+
+
+def _value(node, env):
+    """Value of an expression node: a Fraction when exact, else an mpmath number."""
+    k = node[0]
+    if k == "n" or k == "k":
+        return node[1]
+    if k == "v":
+        try:
+            return env[node[1]]
+        except (KeyError, TypeError):
+            raise _Refuse
+    if k == "c":
+        v = node[1]
+        if v == "pi":
+            return _CTX.pi + 0
+        if v == "e":
+            return _CTX.e + 0
+        if v == "i":
+            return _CTX.mpc(0, 1)
+        return _Inf(1)
+    if k == "+":
+        vals = [_value(c, env) for c in node[1]]
+        if any(isinstance(v, _Inf) for v in vals):
+            raise _Refuse
+        if all(isinstance(v, Fraction) for v in vals):
+            return _chk(sum(vals, Fraction(0)))
+        total = _CTX.mpf(0)
+        for v in vals:
+            total = total + _mp(v)
+        return _chk(total)
+    if k == "*":
+        vals = [_value(c, env) for c in node[1]]
+        if any(isinstance(v, _Inf) for v in vals):
+            raise _Refuse
+        if all(isinstance(v, Fraction) for v in vals):
+            acc = Fraction(1)
+            for v in vals:
+                acc = _chk(acc * v)
+            return acc
+        acc = _CTX.mpf(1)
+        for v in vals:
+            acc = _chk(acc * _mp(v))
+        return acc
+    if k == "neg":
+        v = _value(node[1], env)
+        if isinstance(v, _Inf):
+            return _Inf(-v.sign)
+        return -v
+    if k == "/":
+        a = _value(node[1], env)
+        b = _value(node[2], env)
+        if isinstance(a, _Inf) or isinstance(b, _Inf):
+            raise _Refuse
+        if _is_zero(b):
+            raise _Undefined
+        if isinstance(a, Fraction) and isinstance(b, Fraction):
+            return _chk(a / b)
+        return _chk(_mp(a) / _mp(b))
+    if k == "^":
+        return _pow(_value(node[1], env), _value(node[2], env))
+    if k == "sqrt":
+        a = _value(node[1], env)
+        if isinstance(a, Fraction) and a >= 0:
+            r = _exact_root(a, 2)
+            if r is not None:
+                return r
+        return _chk(_CTX.sqrt(_mp(a)))
+    if k == "root":
+        idx = _as_int(_value(node[2], env))
+        if not 1 <= idx <= MAX_ROOT_INDEX:
+            raise _Refuse
+        return _pow(_value(node[1], env), Fraction(1, idx))
+    if k == "!":
+        n = _as_int(_value(node[1], env))
+        if not 0 <= n <= MAX_FACTORIAL:
+            raise _Refuse
+        return Fraction(math.factorial(n))
+    if k == "binom":
+        n = _as_int(_value(node[1], env))
+        r = _as_int(_value(node[2], env))
+        if not 0 <= n <= MAX_BINOM_N:
+            raise _Refuse
+        return Fraction(math.comb(n, r)) if 0 <= r else Fraction(0)
+    if k == "abs":
+        a = _value(node[1], env)
+        if isinstance(a, Fraction):
+            return abs(a)
+        return _chk(abs(_mp(a)))
+    if k in ("floor", "ceil"):
+        a = _value(node[1], env)
+        if isinstance(a, Fraction):
+            return Fraction(math.floor(a) if k == "floor" else math.ceil(a))
+        A = _mp(a)
+        if _CTX.im(A) != 0:
+            raise _Refuse
+        return Fraction(int(_CTX.floor(A) if k == "floor" else _CTX.ceil(A)))
+    if k == "f":
+        base = _value(node[3], env) if node[3] is not None else None
+        return _func(node[1], _value(node[2], env), base)
+    raise _Refuse  # seq / set / matrix / based number / pm inside arithmetic
+
+
+def _val_equal(a, b):
+    if isinstance(a, _Inf) or isinstance(b, _Inf):
+        return isinstance(a, _Inf) and isinstance(b, _Inf) and a.sign == b.sign
+    if isinstance(a, Fraction) and isinstance(b, Fraction):
+        return a == b
+    A, B = _mp(a), _mp(b)
+    m = max(abs(A), abs(B))
+    if m <= _TINY:
+        return True
+    return abs(A - B) <= _REL_TOL * m
+
+
+_POINTS = {}
+
+
+def _point_value(j, k):
+    key = (j, k)
+    if key not in _POINTS:
+        v = _CTX.sqrt(_CTX.mpf(2 + 3 * j + 5 * k)) / 2 + _CTX.mpf(k + 1) / (j + 3)
+        _POINTS[key] = -v if k == 2 else v
+    return _POINTS[key]
+
+
+_N_POINTS = 4
+
+
+def _envs(names):
+    names = sorted(names)
+    if len(names) > MAX_VARS:
+        raise _Refuse
+    return [{n: _point_value(j, k) for j, n in enumerate(names)} for k in range(_N_POINTS)]
+
+
+def _safe_value(node, env):
+    try:
+        return _value(node, env)
+    except _Undefined:
+        return None
+    except (ZeroDivisionError, ValueError, OverflowError):
+        return None
+
+
+def _expr_equal(g, p):
+    vg, vp = _vars(g), _vars(p)
+    if vg != vp:
+        return False
+    if not vg:
+        a, b = _safe_value(g, {}), _safe_value(p, {})
+        if a is None or b is None:
+            return False
+        return _val_equal(a, b)
+    compared = 0
+    for env in _envs(vg):
+        a, b = _safe_value(g, env), _safe_value(p, env)
+        if a is None and b is None:
+            continue
+        if a is None or b is None:
+            return False
+        if isinstance(a, _Inf) or isinstance(b, _Inf):
+            return False
+        if not _val_equal(a, b):
+            return False
+        compared += 1
+    return compared >= 2
+
+
+def _eq_equal(g, p):
+    fg = ("+", (g[1], ("neg", g[2])))
+    fp = ("+", (p[1], ("neg", p[2])))
+    vg, vp = _vars(fg), _vars(fp)
+    if vg != vp or not vg:
+        return False
+    ratios = []
+    for env in _envs(vg):
+        a, b = _safe_value(fg, env), _safe_value(fp, env)
+        if a is None and b is None:
+            continue
+        if a is None or b is None or isinstance(a, _Inf) or isinstance(b, _Inf):
+            return False
+        za, zb = abs(_mp(a)) <= _TINY, abs(_mp(b)) <= _TINY
+        if za and zb:
+            continue
+        if za or zb:
+            return False
+        ratios.append(_mp(a) / _mp(b))
+    if len(ratios) < 2:
+        return False
+    return all(_val_equal(r, ratios[0]) for r in ratios[1:])
+
+
+# ----------------------------------------------------------------------------------------------
+# answer structure
+def _canon(node):
+    k = node[0]
+    if k == "seq":
+        return ("seq", node[1], node[2], tuple(_canon(i) for i in node[3]))
+    if k == "set":
+        items = []
+        for it in node[1]:
+            c = _canon(it)
+            if c[0] == "uset":
+                items.extend(c[1])
+            else:
+                items.append(c)
+        return ("uset", tuple(items))
+    if k == "mat":
+        rows = []
+        for r in node[1]:
+            row = []
+            for cell in r:
+                c = _canon(cell)
+                if c[0] != "expr":
+                    raise _Refuse
+                row.append(c)
+            rows.append(tuple(row))
+        return ("mat", tuple(rows))
+    if k == "based":
+        return node
+    if _has_kind(node, "pm"):
+        ex = _expand(node)
+        if len(ex) == 1:
+            return ("expr", ex[0])
+        return ("uset", tuple(("expr", e) for e in ex))
+    return ("expr", node)
+
+
+def _canon_vars(c):
+    k = c[0]
+    if k == "expr":
+        return _vars(c[1])
+    if k in ("uset", "union"):
+        out = frozenset()
+        for it in c[1]:
+            out |= _canon_vars(it)
+        return out
+    if k == "seq":
+        out = frozenset()
+        for it in c[3]:
+            out |= _canon_vars(it)
+        return out
+    if k == "mat":
+        out = frozenset()
+        for r in c[1]:
+            for it in r:
+                out |= _canon_vars(it)
+        return out
+    if k == "eq":
+        return _vars(c[1]) | _vars(c[2])
+    return frozenset()
+
+
+def _split_top(toks, is_sep):
+    parts = [[]]
+    seps = []
+    depth = 0
+    for tok in toks:
+        if tok in _OPENERS or tok[0] == "begin":
+            depth += 1
+        elif tok in _CLOSERS or tok[0] == "end":
+            depth -= 1
+            if depth < 0:
+                raise _Refuse
+        if depth == 0 and is_sep(tok):
+            parts.append([])
+            seps.append(tok)
+        else:
+            parts[-1].append(tok)
+    if depth != 0:
+        raise _Refuse
+    return parts, seps
+
+
+def _simple_lhs(toks):
+    """'var' for x, x_1, \\alpha; 'func' for f(x) or f(x, y); 'tuple' for (p, q); else None."""
+    n = len(toks)
+    if n == 0:
+        return None
+    if n == 1 and (toks[0][0] == "let" and toks[0][1] not in "ei" or
+                   toks[0][0] == "cmd" and toks[0][1] in _GREEK):
+        return "var"
+    if n >= 3 and toks[0][0] == "let" and toks[1] == ("op", "_"):
+        try:
+            p = _Parser(toks)
+            node = p.primary()
+            if p.at_end() and node[0] == "v":
+                return "var"
+        except _Refuse:
+            return None
+        return None
+
+    def var_list(ts):
+        if not ts or len(ts) % 2 == 0:
+            return False
+        for j, t in enumerate(ts):
+            if j % 2 == 0 and not (t[0] == "let" or (t[0] == "cmd" and t[1] in _GREEK)):
+                return False
+            if j % 2 == 1 and t != ("op", ","):
+                return False
+        return True
+
+    if n >= 4 and toks[0][0] == "let" and toks[1] == ("op", "(") and toks[-1] == ("op", ")"):
+        if var_list(toks[2:-1]):
+            return "func"
+    if n >= 5 and toks[0] == ("op", "(") and toks[-1] == ("op", ")") and var_list(toks[1:-1]):
+        return "tuple"
+    return None
+
+
+def _union_or_expr(toks):
+    pieces, _ = _split_top(toks, lambda t: t[0] == "cup")
+    if len(pieces) > 1:
+        cs = []
+        for p in pieces:
+            c = _canon(_parse(p))
+            if c[0] not in ("seq", "uset"):
+                raise _Refuse
+            cs.append(c)
+        return ("union", tuple(cs))
+    return _canon(_parse(toks))
+
+
+def _interval(lb, lo, hi, rb):
+    return ("seq", lb, rb, (("expr", lo), ("expr", hi)))
+
+
+_NEG_INF = ("neg", ("c", "inf"))
+_POS_INF = ("c", "inf")
+
+
+def _inequality(parts, rels):
+    if len(parts) == 2:
+        left, right = _parse(parts[0]), _parse(parts[1])
+        f = ("+", (left, ("neg", right)))
+        names = _vars(f)
+        if len(names) != 1 or _has_kind(f, "pm"):
+            raise _Refuse
+        (v,) = names
+        f0 = _value(f, {v: Fraction(0)})
+        f1 = _value(f, {v: Fraction(1)})
+        f2 = _value(f, {v: Fraction(2)})
+        if not all(isinstance(x, Fraction) for x in (f0, f1, f2)):
+            f0, f1, f2 = _mp(f0), _mp(f1), _mp(f2)
+        if not _val_equal(f2 - 2 * f1 + f0, Fraction(0)):
+            raise _Refuse  # not linear in the variable
+        slope = f1 - f0
+        if not isinstance(slope, Fraction):
+            if _CTX.im(slope) != 0 or _CTX.im(f0) != 0:
+                raise _Refuse
+            slope, f0 = _CTX.re(slope), _CTX.re(f0)
+        if slope == 0:
+            raise _Refuse
+        bound = _chk(-f0 / slope)
+        rel = rels[0]
+        if slope < 0:
+            rel = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}[rel]
+        b = ("k", bound)
+        if rel == "lt":
+            return _interval("(", _NEG_INF, b, ")")
+        if rel == "le":
+            return _interval("(", _NEG_INF, b, "]")
+        if rel == "gt":
+            return _interval("(", b, _POS_INF, ")")
+        return _interval("[", b, _POS_INF, ")")
+    if len(parts) == 3:
+        if _simple_lhs(parts[1]) not in ("var", "func"):
+            raise _Refuse
+        lo, hi = _parse(parts[0]), _parse(parts[2])
+        if _vars(lo) or _vars(hi) or _has_kind(lo, "pm") or _has_kind(hi, "pm"):
+            raise _Refuse
+        r1, r2 = rels
+        if r1 in ("lt", "le") and r2 in ("lt", "le"):
+            return _interval("(" if r1 == "lt" else "[", lo, hi, ")" if r2 == "lt" else "]")
+        if r1 in ("gt", "ge") and r2 in ("gt", "ge"):
+            return _interval("(" if r2 == "gt" else "[", hi, lo, ")" if r1 == "gt" else "]")
+    raise _Refuse
+
+
+def _item(toks):
+    parts, seps = _split_top(toks, lambda t: t[0] == "rel")
+    if any(not p for p in parts):
+        raise _Refuse
+    if not seps:
+        return _union_or_expr(toks)
+    rels = [t[1] for t in seps]
+    if all(r == "eq" for r in rels):
+        return _equality(parts)
+    if all(r in ("lt", "le", "gt", "ge") for r in rels):
+        return _inequality(parts, rels)
+    if rels == ["in"] and _simple_lhs(parts[0]) == "var":
+        return _union_or_expr(parts[1])
+    raise _Refuse
+
+
+def _equality(parts):
+    lhs_kind = _simple_lhs(parts[0])
+    vals = parts[1:] if lhs_kind else parts
+    if lhs_kind and len(vals) == 1:
+        c = _union_or_expr(vals[0])
+        if lhs_kind == "var" and _canon_vars(c):
+            if c[0] != "expr":
+                raise _Refuse
+            return ("eq", _parse(parts[0]), c[1])
+        return c
+    cs = [_union_or_expr(v) for v in vals]
+    if not lhs_kind and len(cs) == 2 and (_canon_vars(cs[0]) or _canon_vars(cs[1])):
+        if cs[0][0] != "expr" or cs[1][0] != "expr":
+            raise _Refuse
+        return ("eq", cs[0][1], cs[1][1])
+    if any(_canon_vars(c) for c in cs):
+        raise _Refuse
+    for c in cs[1:]:
+        if not _same(cs[0], c):
+            raise _Refuse  # a false statement such as 5=3
+    return cs[-1]
+
+
+def _is_text_only(toks):
+    has_text = False
+    for t in toks:
+        if t[0] == "text":
+            has_text = True
+        elif t not in (("op", "("), ("op", ")")):
+            return False
+    return has_text
+
+
+def _drop_units(toks):
+    out = []
+    i = 0
+    n = len(toks)
+    while i < n:
+        t = toks[i]
+        if t[0] == "text":
+            i += 1
+            if i < n and toks[i] == ("op", "^"):
+                if i + 1 < n and toks[i + 1][0] == "num":
+                    i += 2
+                elif (i + 3 < n and toks[i + 1] == ("op", "{") and toks[i + 2][0] == "num"
+                      and toks[i + 3] == ("op", "}")):
+                    i += 4
+            continue
+        out.append(t)
+        i += 1
+    return out
+
+
+def _analyze(s):
+    c = _clean(s)
+    if not c:
+        raise _Refuse
+    toks = _tokenize(c)
+    if _is_text_only(toks):
+        key = _text_key(s)
+        if not key:
+            raise _Refuse
+        return ("text", key)
+    toks = _drop_units(toks)
+    if not toks or any(t[0] == "bad" for t in toks):
+        raise _Refuse
+    items, _ = _split_top(toks, lambda t: t == ("op", ","))
+    if any(not it for it in items) or len(items) > MAX_ITEMS:
+        raise _Refuse
+    canons = [_item(it) for it in items]
+    if len(canons) == 1:
+        return canons[0]
+    flat = []
+    for c in canons:
+        if c[0] == "uset":
+            flat.extend(c[1])
+        else:
+            flat.append(c)
+    return ("uset", tuple(flat))
+
+
+@functools.lru_cache(maxsize=4096)
+def _analyze_cached(s):
+    try:
+        return _analyze(s)
+    except Exception:  # _Refuse, _Undefined, arithmetic or recursion errors: not parseable
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# structural comparison
+def _dedup(items):
+    out = []
+    for it in items:
+        if not any(_same(it, o) for o in out):
+            out.append(it)
+    return out
+
+
+def _match_unordered(a, b):
+    a, b = _dedup(a), _dedup(b)
+    if len(a) != len(b):
+        return False
+    used = [False] * len(b)
+    for x in a:
+        for j, y in enumerate(b):
+            if not used[j] and _same(x, y):
+                used[j] = True
+                break
+        else:
+            return False
+    return True
+
+
+def _same(a, b):
+    ka, kb = a[0], b[0]
+    if ka == "union" or kb == "union":
+        pa = a[1] if ka == "union" else (a,)
+        pb = b[1] if kb == "union" else (b,)
+        return _match_unordered(pa, pb)
+    if ka == "uset" and kb == "uset":
+        return _match_unordered(a[1], b[1])
+    if ka == "uset" or kb == "uset":  # a one-element set equals its element: {5} == 5
+        u, o = (a, b) if ka == "uset" else (b, a)
+        items = _dedup(u[1])
+        return len(items) == 1 and _same(items[0], o)
+    if ka == "seq" and kb == "seq":
+        return (a[1] == b[1] and a[2] == b[2] and len(a[3]) == len(b[3])
+                and all(_same(x, y) for x, y in zip(a[3], b[3])))
+    if ka == "mat" and kb == "mat":
+        ra, rb = a[1], b[1]
+        return (len(ra) == len(rb) and all(len(x) == len(y) for x, y in zip(ra, rb))
+                and all(_same(p, q) for x, y in zip(ra, rb) for p, q in zip(x, y)))
+    if {ka, kb} == {"mat", "seq"}:
+        m, s = (a, b) if ka == "mat" else (b, a)
+        rows = m[1]
+        if s[1] != "(" or s[2] != ")":
+            return False
+        if len(rows) == 1:
+            flat = rows[0]
+        elif all(len(r) == 1 for r in rows):
+            flat = tuple(r[0] for r in rows)
+        else:
+            return False
+        return len(flat) == len(s[3]) and all(_same(p, q) for p, q in zip(flat, s[3]))
+    if ka == "expr" and kb == "expr":
+        return _expr_equal(a[1], b[1])
+    if ka == "eq" and kb == "eq":
+        return _eq_equal(a, b)
+    if ka == "based" and kb == "based":
+        return a[1] == b[1] and a[2] == b[2]
+    if ka == "text" and kb == "text":
+        return a[1] == b[1]
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
+# public API
+_INT_RE = re.compile(r"\s*[+-]?[0-9]{1,300}\s*")
+
+
+def is_equivalent(pred, gold):
+    """True when the answer string ``pred`` is equivalent to the reference ``gold``."""
+    try:
+        return _is_equivalent(pred, gold)
+    except Exception:  # never raise
+        return False
+
+
+def _is_equivalent(pred, gold):
+    if not isinstance(pred, str) or not isinstance(gold, str):
+        return False
+    if len(pred) > MAX_ANSWER_CHARS or _CTRL_RE.search(pred):
+        return False
+    if _INT_RE.fullmatch(pred) and _INT_RE.fullmatch(gold):
+        return int(pred) == int(gold)
+    g = _analyze_cached(gold)
+    if g is None:
+        ng = _norm_string(gold)
+        return bool(ng) and _norm_string(pred) == ng
+    if g[0] == "text":
+        return _text_key(pred) == g[1]
+    p = _analyze_cached(pred)
+    if p is None:
+        return False
+    if p[0] == "text":
+        return _text_key(gold) == p[1]
+    return bool(_same(g, p))
+
+
+def score(response, gold):
+    """(reward, extracted answer or None, status) with status correct / wrong / no_answer."""
+    try:
+        ans = extract_final_answer(response)
+        if ans is None:
+            return (0.0, None, "no_answer")
+        ok = is_equivalent(ans, gold)
+        return (1.0 if ok else 0.0, ans, "correct" if ok else "wrong")
+    except Exception:  # never raise
+        return (0.0, None, "no_answer")
+
+
+def reward(response, gold):
+    """1.0 when the last boxed answer of ``response`` is equivalent to ``gold``, else 0.0."""
+    try:
+        return score(response, gold)[0]
+    except Exception:  # never raise
+        return 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# hard wall-clock safety net
+def _worker_main(conn, score_fn):
+    # Ctrl-C in a terminal reaches the whole process group; the parent decides when to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        conn.send(("ready", None))
+    except Exception:
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        try:
+            out = score_fn(msg[0], msg[1])
+            conn.send(("ok", out))
+        except BaseException as exc:  # report any failure of score_fn as a crash
+            try:
+                conn.send(("err", type(exc).__name__))
+            except Exception:
+                return
+
+
+class TimedVerifier:
+    """Scores in a persistent worker process (multiprocessing "spawn" context, never fork) with
+    a hard wall-clock limit per call. Overrun: the worker is killed, the result is
+    (0.0, None, "timeout") and a new worker is started on the next call. A worker that dies or
+    whose score_fn raises gives (0.0, None, "crash"). ``score_fn`` must be a picklable
+    module-level callable. Counters: n_calls, n_timeouts, n_crashes, n_starts."""
+
+    def __init__(self, timeout_s: float = 2.0, score_fn=score, startup_timeout_s: float = 120.0):
+        self.timeout_s = float(timeout_s)
+        self.score_fn = score_fn
+        self.startup_timeout_s = float(startup_timeout_s)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self._lock = threading.Lock()
+        self.n_calls = 0
+        self.n_timeouts = 0
+        self.n_crashes = 0
+        self.n_starts = 0
+
+    def _start(self):
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.score_fn),
+                                 daemon=True, name="rlvr-verifier-worker")
+        proc.start()
+        child.close()
+        self.n_starts += 1
+        try:
+            if not parent.poll(self.startup_timeout_s):
+                raise RuntimeError("verifier worker did not start")
+            if parent.recv() != ("ready", None):
+                raise RuntimeError("verifier worker sent an unexpected message")
+        except BaseException:
+            self._proc, self._conn = proc, parent
+            self._stop()
+            raise
+        self._proc, self._conn = proc, parent
+
+    def _stop(self):
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if proc is not None:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def score(self, response, gold):
+        if not isinstance(response, str) or not isinstance(gold, str):
+            return score(response, gold)  # trivially bounded; avoids pickling odd objects
+        with self._lock:
+            self.n_calls += 1
+            try:
+                if self._proc is None or not self._proc.is_alive():
+                    if self._proc is not None:
+                        self._stop()
+                    self._start()
+                self._conn.send((response, gold))
+            except Exception:
+                self._stop()
+                self.n_crashes += 1
+                return (0.0, None, "crash")
+            if not self._conn.poll(self.timeout_s):
+                self._stop()
+                self.n_timeouts += 1
+                return (0.0, None, "timeout")
+            try:
+                kind, out = self._conn.recv()
+            except Exception:
+                self._stop()
+                self.n_crashes += 1
+                return (0.0, None, "crash")
+            if kind != "ok":
+                self.n_crashes += 1
+                return (0.0, None, "crash")
+            try:
+                r, ans, status = out
+                r = 1.0 if float(r) == 1.0 else 0.0
+                if ans is not None and not isinstance(ans, str):
+                    ans = str(ans)
+                return (r, ans, str(status))
+            except Exception:
+                self.n_crashes += 1
+                return (0.0, None, "crash")
+
+    def reward(self, response, gold):
+        return self.score(response, gold)[0]
+
+    def close(self):
+        with self._lock:
+            conn, proc = self._conn, self._proc
+            if conn is not None and proc is not None and proc.is_alive():
+                try:
+                    conn.send(None)
+                    proc.join(1)
+                except Exception:
+                    pass
+            self._stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
