@@ -1897,6 +1897,10 @@ class TimedVerifier:
             self._stop()
 
     def __enter__(self):
+        # Start the worker now, so its start-up is not charged to the first scored response.
+        with self._lock:
+            if self._proc is None:
+                self._start()
         return self
 
     def __exit__(self, *exc):
