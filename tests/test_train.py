@@ -550,3 +550,43 @@ def test_cli_stdout_holds_only_the_table_and_summary(tiny_model_dir, tiny_data_f
     assert lines[0].startswith("step  correct/4  reward mean") and lines[1].startswith("1 ") and lines[2].startswith("2 ")
     assert lines[3] == "" and lines[4].startswith("correct rollouts")
     assert "[step 1] generating" in proc.stderr
+
+
+def test_hub_names_and_urls_go_through_the_real_loaders(monkeypatch):
+    """No network here: check what load_problems and the model loader ask datasets and
+    transformers for, with the libraries' loaders replaced by recorders."""
+    import datasets
+    import transformers
+
+    calls = []
+
+    def fake_load_dataset(*args, **kwargs):
+        calls.append((args, kwargs))
+        return datasets.Dataset.from_list([{"problem": "p", "answer": "1"}])
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    T.load_problems(T.Config(num_problems=1))
+    T.load_problems(T.Config(dataset="someone/math-set", dataset_split="test", num_problems=1))
+    assert calls[0] == (("json",), {"data_files": T.MATH_TRAIN_URL, "split": "train"})
+    assert calls[1] == (("someone/math-set",), {"split": "test"})
+
+    seen = {}
+
+    class Recorder:
+        @staticmethod
+        def from_pretrained(name, **kwargs):
+            seen.setdefault("names", []).append((name, kwargs.get("revision")))
+            raise OSError("offline")
+    monkeypatch.setattr(transformers, "AutoTokenizer", Recorder)
+    with pytest.raises(T.UserError, match="could not load model 'Qwen/Qwen3-0.6B-Base' at revision 'da87bfb6"):
+        T.load_model_and_tokenizer(T.Config(), torch.device("cpu"), "fp32")
+    assert seen["names"] == [("Qwen/Qwen3-0.6B-Base", "da87bfb608c14b7cf20ba1ce41287e8de496c0cd")]
+
+
+def test_unreachable_dataset_is_one_line(monkeypatch, capsys, tmp_path):
+    import datasets
+
+    def offline(*a, **k):
+        raise ConnectionError("Couldn't reach 'raw.githubusercontent.com'\nmore detail")
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    assert T.main(["--config", str(ROOT / "config.yaml"), "device=cpu", f"output_dir={tmp_path}"]) == 2
+    _assert_one_error_line(capsys.readouterr().err, "could not load dataset 'https://raw.githubusercontent.com/")
