@@ -1119,30 +1119,16 @@ def _func(name, x, base):
             raise _Refuse
     if name in ("sinh", "cosh", "tanh", "exp") and abs(X) > MAX_EXP_ARG:
         raise _Refuse
-    if name == "sin":
-        return _chk(_CTX.sin(X))
-    if name == "cos":
-        return _chk(_CTX.cos(X))
+    plain = {"sin": _CTX.sin, "cos": _CTX.cos, "arcsin": _CTX.asin, "arccos": _CTX.acos, "arctan": _CTX.atan,
+             "sinh": _CTX.sinh, "cosh": _CTX.cosh, "tanh": _CTX.tanh, "exp": _CTX.exp}
+    if name in plain:
+        return _chk(plain[name](X))
     if name in ("tan", "cot", "sec", "csc"):
         s, c = _CTX.sin(X), _CTX.cos(X)
         num, den = {"tan": (s, c), "cot": (c, s), "sec": (1, c), "csc": (1, s)}[name]
         if abs(den) < _TINY:
             raise _Undefined
         return _chk(num / den)
-    if name == "arcsin":
-        return _chk(_CTX.asin(X))
-    if name == "arccos":
-        return _chk(_CTX.acos(X))
-    if name == "arctan":
-        return _chk(_CTX.atan(X))
-    if name == "sinh":
-        return _chk(_CTX.sinh(X))
-    if name == "cosh":
-        return _chk(_CTX.cosh(X))
-    if name == "tanh":
-        return _chk(_CTX.tanh(X))
-    if name == "exp":
-        return _chk(_CTX.exp(X))
     if X == 0:
         raise _Undefined
     if name == "ln" or (name == "log" and base is None):
