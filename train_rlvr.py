@@ -70,6 +70,8 @@ class Config:
     seed: int = 0
     device: str = "cuda"
     precision: str = "auto"
+    compile: str = "auto"
+    logprob_batch_size: int = 1
     verifier_timeout: float = 2.0
     bad_records: str = "stop"
     max_bad_steps: int = 3
@@ -114,6 +116,8 @@ def _coerce(key: str, value, typ: type):
             except ValueError:
                 pass
     elif typ is str:
+        if isinstance(value, bool):
+            return "true" if value else "false"  # YAML reads compile: true as a bool
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -133,6 +137,8 @@ def validate_config(cfg: Config) -> None:
         ("weight_decay", cfg.weight_decay >= 0, "a number >= 0"),
         ("max_grad_norm", cfg.max_grad_norm > 0, "a number > 0"),
         ("std_eps", cfg.std_eps > 0, "a number > 0 (it keeps a zero-variance group from dividing by 0)"),
+        ("compile", cfg.compile in ("auto", "true", "false"), "auto, true or false"),
+        ("logprob_batch_size", cfg.logprob_batch_size >= 1, "an integer >= 1"),
         ("verifier_timeout", cfg.verifier_timeout > 0, "a number of seconds > 0"),
         ("bad_records", cfg.bad_records in ("stop", "skip"), "stop or skip"),
         ("max_bad_steps", cfg.max_bad_steps >= 1, "an integer >= 1"),
@@ -171,6 +177,8 @@ def load_config(argv: list[str] | None = None) -> Config:
             raise UserError(f"config file {path} must hold 'key: value' lines")
     elif args.config != "config.yaml":
         raise UserError(f"config file {path} not found; pass an existing file to --config")
+    else:
+        progress("no config.yaml here: using the built-in defaults (the spec's setup)")
     for item in args.overrides:
         key, sep, raw = item.partition("=")
         if not sep:
@@ -355,6 +363,107 @@ def sample_next_token(logits: torch.Tensor, temperature: float, top_p: float,
     return token.squeeze(-1)
 
 
+def compile_decode(cfg: Config, device: torch.device) -> bool:
+    """The `compile` setting: auto (on for CUDA, off elsewhere), true or false."""
+    return cfg.compile == "true" or (cfg.compile == "auto" and device.type == "cuda")
+
+
+def bf16_linear_copy(model) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A twin of `model` for sampling under bf16 autocast: every nn.Linear weight (and bias) held in
+    bfloat16, every other tensor (embeddings, norms, buffers) shared with the float32 master.
+
+    Autocast casts exactly these weights to bfloat16 (round to nearest even, what copy_ does) at
+    every forward; under the same autocast the twin computes the same numbers without that cast.
+    The tied LM head becomes its own bfloat16 tensor; the input embedding stays the shared float32
+    one, as autocast leaves embeddings alone. Returns (twin, [(master, bf16 copy)]) for refresh."""
+    import copy
+
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    twin = copy.deepcopy(model, memo)
+    pairs = []
+    for name, module in twin.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            for attr in ("weight", "bias"):
+                master = getattr(model.get_submodule(name), attr)
+                if master is not None:
+                    low = torch.nn.Parameter(master.detach().to(torch.bfloat16), requires_grad=False)
+                    setattr(module, attr, low)
+                    pairs.append((master, low))
+    return twin, pairs
+
+
+class StaticDecoder:
+    """GPU decoding: a StaticCache (fixed shapes and addresses) and the one-token decode step under
+    torch.compile (mode reduce-overhead, i.e. CUDA graphs, on CUDA), built once per model and kept
+    across steps. The first generation compiles (tens of seconds; the benchmark warms it up outside
+    its timings); a prompt that outgrows the cache makes a larger one (one more compile).
+
+    Under bf16 autocast it decodes with bf16_linear_copy(model), refreshed from the float32 master
+    at the start of every generation, so after every optimizer step: one weight cast per training
+    step instead of one per generated token, from exactly the bf16-rounded weights autocast uses."""
+
+    def __init__(self, model, amp):
+        self.bf16 = isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16
+        self.device_type = next(model.parameters()).device.type
+        self.model, self.pairs = bf16_linear_copy(model) if self.bf16 else (model, [])
+        self.cache, self.cache_len, self.batch_size = None, 0, 0
+        mode = "reduce-overhead" if self.device_type == "cuda" else "default"
+        self.compiled_step = torch.compile(self._forward, mode=mode, dynamic=False)
+
+    def _amp(self):
+        return torch.autocast(self.device_type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        with self._amp():
+            return self.model(ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+
+    def prefill(self, batch: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Refresh the bf16 twin, run the prompt eagerly (its length varies) into a DynamicCache,
+        then copy that cache into the static one, whose tensors keep their addresses across
+        generations. Keys and values may differ in dtype (Qwen3 under autocast: float32 keys from
+        the k-norm, bfloat16 values), which StaticCache's own lazy allocation cannot hold."""
+        from transformers import DynamicCache, StaticCache
+
+        for master, low in self.pairs:
+            low.copy_(master)
+        prompt_cache = DynamicCache(config=self.model.config)
+        with self._amp():
+            logits = self.model(batch, past_key_values=prompt_cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        need = batch.shape[1] + max_new_tokens
+        if self.cache is None or need > self.cache_len or batch.shape[0] != self.batch_size:
+            self.cache_len, self.batch_size = -(-need // 256) * 256, batch.shape[0]
+            self.cache = StaticCache(config=self.model.config, max_cache_len=self.cache_len)
+        for src, layer in zip(prompt_cache.layers, self.cache.layers):
+            if not layer.is_initialized:
+                layer.lazy_initialization(src.keys, src.values)
+                # DynamicCache's concatenation promoted the bf16 values to the keys' float32; the
+                # static one takes the decode step's bf16 values as they are (the cast is exact)
+                if self.bf16 and layer.values.dtype != torch.bfloat16:
+                    layer.values = torch.zeros_like(layer.values, dtype=torch.bfloat16)
+                    torch._dynamo.mark_static_address(layer.values)
+            layer.keys[:, :, :src.keys.shape[2]].copy_(src.keys)
+            layer.values[:, :, :src.values.shape[2]].copy_(src.values)
+            layer.cumulative_length.fill_(src.keys.shape[2])
+        return logits
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.device_type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        return self.compiled_step(ids).clone()  # the graph's output buffer is reused by the next step
+
+
+_STATIC_DECODERS: dict = {}  # id(model) -> (model, amp kind, StaticDecoder)
+
+
+def static_decoder(model, amp) -> StaticDecoder:
+    key = (isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16)
+    held = _STATIC_DECODERS.get(id(model))
+    if held is None or held[0] is not model or held[1] != key:
+        _STATIC_DECODERS.clear()  # one model per process: free a previous twin and cache
+        held = _STATIC_DECODERS[id(model)] = (model, key, StaticDecoder(model, amp))
+    return held[2]
+
+
 @torch.no_grad()
 def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
                       generator: torch.Generator, amp) -> tuple[list[torch.Tensor], list[bool]]:
@@ -362,15 +471,35 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
 
     Sampling settings come from cfg alone (temperature, top-p, no top-k, max_new_tokens, EOS), so
     neither transformers' defaults nor the model's generation_config can leak in. A response is
-    its tokens up to and including the first EOS; one cut at max_new_tokens has no EOS."""
-    from transformers import DynamicCache
+    its tokens up to and including the first EOS; one cut at max_new_tokens has no EOS.
 
+    The model forward is eager with a DynamicCache, or (setting `compile`, default on CUDA) a
+    StaticDecoder; the sampling code is the same either way."""
+    # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
+    # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
+    # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
+    with torch.autocast(prompt_ids.device.type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext():
+        return _generate(model, prompt_ids, cfg, eos_id, generator, amp)
+
+
+def _generate(model, prompt_ids, cfg, eos_id, generator, amp):
     batch = prompt_ids.unsqueeze(0).repeat(cfg.group_size, 1)  # same prompt: no padding needed
-    cache = DynamicCache(config=model.config)
+    if compile_decode(cfg, prompt_ids.device):
+        decoder = static_decoder(model, amp)
+        logits = decoder.prefill(batch, cfg.max_new_tokens)
+        step = decoder.step
+    else:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        with amp:
+            logits = model(batch, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+
+        def step(ids):
+            with amp:
+                return model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     tokens = torch.full((cfg.group_size, cfg.max_new_tokens), eos_id, dtype=torch.long, device=prompt_ids.device)
     finished = torch.zeros(cfg.group_size, dtype=torch.bool, device=prompt_ids.device)
-    with amp:
-        logits = model(batch, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     steps = 0
     for t in range(cfg.max_new_tokens):
         nxt = sample_next_token(logits, cfg.temperature, cfg.top_p, generator)
@@ -381,8 +510,7 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
         if t + 1 == cfg.max_new_tokens or bool(finished.all()):
             break
         check_stop()  # safe point for SIGINT/SIGTERM
-        with amp:
-            logits = model(nxt[:, None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = step(nxt[:, None])
     responses, cut = [], []
     for row in tokens[:, :steps]:
         eos_at = (row == eos_id).nonzero()
@@ -426,6 +554,26 @@ def token_log_probs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor,
     return logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch.Tensor], amp) -> list[torch.Tensor]:
+    """token_log_probs of several responses to one prompt in one forward pass (logprob_batch_size).
+
+    Row i is prompt + response_i[:-1], padded on the right: every pad comes after all the real
+    tokens of its row, so causal attention never lets a real position see one and no position
+    moves. The LM head runs on the last max(len) positions; row i uses the first len(response_i)."""
+    longest = max(len(r) for r in responses)
+    ids = prompt_ids.new_zeros(len(responses), len(prompt_ids) + longest - 1)
+    ids[:, :len(prompt_ids)] = prompt_ids
+    for i, r in enumerate(responses):
+        ids[i, len(prompt_ids):len(prompt_ids) + len(r) - 1] = r[:-1]
+    with amp:
+        logits = model(ids, logits_to_keep=longest).logits
+    out = []
+    for i, r in enumerate(responses):
+        row = logits[i, :len(r)].float()
+        out.append(row.gather(-1, r.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1))
+    return out
+
+
 def sequence_log_prob(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
     """sequence_log_prob_i = sum_t log p_theta(response_token_t | prompt, earlier_response_tokens).
     A SUM over the response, never a mean over its length."""
@@ -446,40 +594,56 @@ def zero_gradients(params: list[torch.nn.Parameter]) -> None:
             p.grad.zero_()
 
 
-def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp):
+def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp,
+                               logprob_batch_size: int = 1):
     """Zero the gradient once, then forward + backward one response at a time, so only one
     response's graph is alive at once. Returns (policy loss, sequence log-probs or Nones).
 
+    logprob_batch_size > 1 runs that many responses per forward + backward (right-padded, see
+    batch_token_log_probs): the same gradient up to float rounding, one graph of that many alive.
     A group whose advantages are all exactly 0 has an exactly-zero gradient: its passes are skipped."""
     zero_gradients(params)
     if bool((advantages == 0).all()):
         return 0.0, [None] * len(responses)
     total, seq_log_probs = 0.0, []
-    for response, advantage in zip(responses, advantages):
+    size = max(1, int(logprob_batch_size))
+    for start in range(0, len(responses), size):
         check_stop()  # safe point for SIGINT/SIGTERM: the weights are untouched until the optimizer step
-        seq_lp = sequence_log_prob(model, prompt_ids, response, amp)
-        loss = policy_loss(advantage, seq_lp, group_size)
-        loss.backward()
-        total += loss.item()
-        seq_log_probs.append(seq_lp.item())
+        chunk = responses[start:start + size]
+        if len(chunk) == 1:
+            seq_lps = [sequence_log_prob(model, prompt_ids, chunk[0], amp)]
+        else:
+            seq_lps = [lp.sum() for lp in batch_token_log_probs(model, prompt_ids, chunk, amp)]
+        losses = [policy_loss(a, s, group_size) for a, s in zip(advantages[start:start + size], seq_lps)]
+        (losses[0] if len(losses) == 1 else torch.stack(losses).sum()).backward()
+        for loss, seq_lp in zip(losses, seq_lps):
+            total += loss.item()
+            seq_log_probs.append(seq_lp.item())
     return total, seq_log_probs
 
 
 # ----------------------------------------------------------------------------------------------
 # Optimizer step
 
-def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0) -> tuple[float, float | None]:
+def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
+                   host_copy: list[torch.Tensor] | None = None) -> tuple[float, float | None]:
     """clip_grad_norm_ (it returns the norm BEFORE clipping), then one AdamW step.
 
-    The update norm is measured: the weights are compared before and after the step. A non-finite
-    loss or gradient norm skips the step (no weight or optimizer state touched): update norm None."""
+    The update norm is measured: the weights are copied before the step and compared after it (on
+    CUDA into reused pinned host buffers, host_copy, sparing a second copy of the weights on the
+    card). A non-finite loss or gradient norm skips the step, touching no weight and no optimizer
+    state: update norm None."""
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     if not (math.isfinite(grad_norm) and math.isfinite(loss)):
         return grad_norm, None
-    before = [p.detach().clone() for p in params]
+    before = host_copy if host_copy is not None else [torch.empty_like(p) for p in params]
+    for b, p in zip(before, params):
+        b.copy_(p.detach(), non_blocking=True)  # stream-ordered before the step's in-place updates
     optimizer.step()
-    update_sq = sum(float((p.detach().float() - b.float()).pow(2).sum()) for p, b in zip(params, before))
-    return grad_norm, math.sqrt(update_sq)
+    update_sq = torch.zeros((), dtype=torch.float64, device=params[0].device)
+    for p, b in zip(params, before):
+        update_sq += torch.linalg.vector_norm(p.detach().float() - b.to(p.device, non_blocking=True).float()) ** 2
+    return grad_norm, math.sqrt(float(update_sq))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -742,7 +906,7 @@ def sync(device: torch.device) -> None:
 
 
 def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, device, precision,
-               eos_id, generator) -> tuple[dict, list[dict]]:
+               eos_id, generator, host_copy=None) -> tuple[dict, list[dict]]:
     """One problem: rollouts, rewards, advantages, per-response backward, clip, one AdamW step."""
     amp = autocast(device, precision)
     timings = {}
@@ -773,7 +937,7 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
     progress(f"[step {step}] rewards {rewards.tolist()}; backward")
     try:
         loss, seq_log_probs = accumulate_policy_gradient(
-            model, params, prompt_ids, responses, advantages.to(device), cfg.group_size, amp)
+            model, params, prompt_ids, responses, advantages.to(device), cfg.group_size, amp, cfg.logprob_batch_size)
     except torch.OutOfMemoryError:
         longest = max(len(r) for r in responses)
         raise StopRun(f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
@@ -784,7 +948,7 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
     check_stop()
 
     t = time.perf_counter()
-    grad_norm, update_norm = optimizer_step(params, optimizer, cfg.max_grad_norm, loss)
+    grad_norm, update_norm = optimizer_step(params, optimizer, cfg.max_grad_norm, loss, host_copy)
     sync(device)
     timings["optimizer"] = time.perf_counter() - t
     timings["step"] = time.perf_counter() - t0
@@ -867,6 +1031,7 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
     problems = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    host_copy = [torch.empty_like(p, device="cpu").pin_memory() for p in params] if device.type == "cuda" else None
 
     history = []
     if ckpt is not None:
@@ -886,7 +1051,7 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
                 boundary = rng_state(generator)  # the RNG state a checkpoint of step - 1 must hold
                 try:
                     metrics, rollouts = train_step(step, problems[step - 1], model, tokenizer, params, optimizer,
-                                                   scorer, cfg, device, precision, eos_id, generator)
+                                                   scorer, cfg, device, precision, eos_id, generator, host_copy)
                 except Interrupted:
                     exit_code = 128 + STOP["signal"]
                     stop_reason = f"stopped by {signal.Signals(STOP['signal']).name} during step {step}"

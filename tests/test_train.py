@@ -590,3 +590,24 @@ def test_unreachable_dataset_is_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     assert T.main(["--config", str(ROOT / "config.yaml"), "device=cpu", f"output_dir={tmp_path}"]) == 2
     _assert_one_error_line(capsys.readouterr().err, "could not load dataset 'https://raw.githubusercontent.com/")
+
+
+def test_update_norm_through_reused_host_buffers_is_the_same(tiny_model_dir):
+    """On CUDA the weights before the step go to reused host buffers; the measured norm must not
+    depend on where the copy lives."""
+    from transformers import AutoModelForCausalLM
+
+    norms = []
+    for host_copy in (None, "buffers"):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        params = list(model.parameters())
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        buffers = [torch.full_like(p, 7.0) for p in params] if host_copy else None
+        torch.manual_seed(0)
+        for p in params:
+            p.grad = torch.randn_like(p)
+        before = [p.detach().clone() for p in params]
+        norms.append(T.optimizer_step(params, opt, 1.0, 0.0, buffers)[1])
+        by_hand = math.sqrt(sum(((p.detach() - b) ** 2).sum().item() for p, b in zip(params, before)))
+        assert norms[-1] == pytest.approx(by_hand, rel=1e-6)
+    assert norms[0] == norms[1] > 0

@@ -1,0 +1,221 @@
+"""Every speed-up of issue 4 keeps the numbers: each test pins one optimization to the plain
+computation it replaces (transformers' warpers, the one-response-at-a-time backward, the float32
+master weights under autocast, the DynamicCache decode)."""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import train_rlvr as T
+from conftest import ROOT
+
+VOCAB = 151936
+
+
+def _hf_kept(scores, top_p):
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    if top_p >= 1.0:
+        return torch.isfinite(scores)
+    return torch.isfinite(TopPLogitsWarper(top_p)(None, scores.clone()))
+
+
+def _adversarial_rows():
+    g = torch.Generator().manual_seed(7)
+    flat = torch.randn(6, VOCAB, generator=g) * 0.45           # the random stand-in: ~116,000 tokens kept
+    flatter = torch.randn(2, VOCAB, generator=g) * 0.01
+    peaked = torch.randn(4, VOCAB, generator=g) * 6             # a trained model's small nucleus
+    dominant = torch.randn(2, VOCAB, generator=g)
+    dominant[:, 123] = 60.0
+    # the boundary inside a block of equal scores: only the order of token ids can decide
+    boundary_ties = torch.cat([torch.full((2, 300), 2.0), torch.full((2, 300), 1.0), torch.zeros(2, 400)], dim=1)
+    coarse = torch.randint(0, 3, (4, 2000), generator=g).float()   # few distinct values, many ties
+    exact_zero = torch.zeros(2, 5000)                               # everything tied
+    halves = torch.tensor([[0.0, 0.0], [1.0, 0.0]]).repeat(1, 50)  # mass exactly 0.5 at a tie boundary
+    neg_inf = torch.where(torch.rand(3, 4000, generator=g) < 0.5, float("-inf"), torch.randn(3, 4000, generator=g))
+    signed_zero = torch.tensor([[-0.0, 0.0, 1.0, -1.0] * 25])
+    return {"flat": flat, "flatter": flatter, "peaked": peaked, "dominant": dominant,
+            "boundary_ties": boundary_ties, "coarse": coarse, "exact_zero": exact_zero, "halves": halves,
+            "neg_inf": neg_inf, "signed_zero": signed_zero}
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.999, 1.0])
+def test_kept_set_equals_transformers_on_adversarial_rows(top_p, monkeypatch):
+    sent = []
+    reference = T.top_p_reference
+    monkeypatch.setattr(T, "top_p_reference", lambda s, p: sent.append(s.shape[0]) or reference(s, p))
+    for name, logits in _adversarial_rows().items():
+        for temperature in (0.8, 1.3):
+            scores = logits.float() / temperature
+            assert torch.equal(T.top_p_mask(scores, top_p), _hf_kept(scores, top_p)), (name, top_p, temperature)
+    if top_p < 1.0:
+        assert sum(sent) > 0  # tie-split rows really took transformers' own path
+
+
+def test_continuous_rows_never_need_the_full_sort(monkeypatch):
+    """The values-only sort decides every row without ties; torch.sort with its permutation never runs."""
+    monkeypatch.setattr(T, "top_p_reference", lambda *a: pytest.fail("fell back to the full sort"))
+    g = torch.Generator().manual_seed(1)
+    for scale in (0.45, 3.0, 20.0):
+        scores = torch.randn(8, VOCAB, generator=g) * scale / 0.8
+        assert T.top_p_mask(scores, 0.9).sum() > 0
+
+
+def test_probabilities_equal_transformers_on_full_vocabulary_rows():
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(2)) * 0.45
+    ref = torch.softmax(TopPLogitsWarper(0.9)(None, TemperatureLogitsWarper(0.8)(None, logits.clone())), dim=-1)
+    w = T.nucleus_weights(logits, 0.8, 0.9).double()
+    torch.testing.assert_close(w / w.sum(-1, keepdim=True), ref.double(), rtol=1e-5, atol=1e-12)
+
+
+def _old_sample(logits, temperature, top_p, generator):
+    """sample_next_token as it was before issue 4 (torch.where, float64 copy, last kept token always)."""
+    scores = logits.float() / temperature
+    kept = T.top_p_reference(scores, top_p) if top_p < 1.0 else torch.isfinite(scores)
+    weights = torch.where(kept, (scores - scores.max(dim=-1, keepdim=True).values).exp(), 0.0)
+    cdf = weights.double().cumsum(dim=-1)
+    u = torch.rand(weights.shape[0], 1, generator=generator, dtype=torch.float64)
+    token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    last_kept = weights.shape[-1] - 1 - (weights > 0).flip(-1).int().argmax(dim=-1, keepdim=True)
+    return torch.minimum(token, last_kept).squeeze(-1)
+
+
+@pytest.mark.parametrize("scale, top_p", [(0.45, 0.9), (5.0, 0.9), (1.0, 0.5), (0.45, 1.0)])
+def test_a_fixed_seed_draws_the_same_tokens_as_the_full_sort_path(scale, top_p):
+    logits = torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(3)) * scale
+    for seed in range(3):
+        new = T.sample_next_token(logits, 0.8, top_p, torch.Generator().manual_seed(seed))
+        old = _old_sample(logits, 0.8, top_p, torch.Generator().manual_seed(seed))
+        assert torch.equal(new, old)
+
+
+def test_a_uniform_that_rounds_up_to_the_total_takes_the_last_kept_token(monkeypatch):
+    logits = torch.tensor([[3.0, 2.0, 1.0, -9.0, -9.0], [0.0, 5.0, 0.0, 0.0, -9.0]])
+    almost_one = 1.0 - 2.0 ** -53
+    real_rand = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full_like(real_rand(*a, **k), almost_one))
+    new = T.sample_next_token(logits, 1.0, 0.9, torch.Generator())
+    old = _old_sample(logits, 1.0, 0.9, torch.Generator())
+    assert torch.equal(new, old) and T.top_p_mask(logits, 0.9)[torch.arange(2), new].all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Log-probabilities: micro-batches give the one-at-a-time gradient
+
+
+@pytest.mark.parametrize("batch_size", [2, 3, 8])
+def test_logprob_micro_batches_give_the_same_gradient(tiny_model, batch_size):
+    model, _ = tiny_model
+    params = list(model.parameters())
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(1, 300, (7,), generator=g)
+    responses = [torch.randint(1, 300, (n,), generator=g) for n in (5, 1, 9, 3, 12)]
+    responses[2][-1] = 0  # one ends with EOS
+    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0]), 1e-4)
+    loss1, lps1 = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 5, T.nullcontext())
+    grads1 = [p.grad.clone() for p in params]
+    loss_b, lps_b = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 5, T.nullcontext(),
+                                                 logprob_batch_size=batch_size)
+    assert loss_b == pytest.approx(loss1, rel=1e-5, abs=1e-6)
+    assert lps_b == pytest.approx(lps1, rel=1e-5, abs=1e-5)
+    for a, b in zip(grads1, (p.grad for p in params)):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+    # per-token values of a micro-batch equal the one-response function's
+    with torch.no_grad():
+        batched = T.batch_token_log_probs(model, prompt, responses, T.nullcontext())
+        for r, lp in zip(responses, batched):
+            torch.testing.assert_close(lp, T.token_log_probs(model, prompt, r, T.nullcontext()), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_size_one_is_the_spec_path_bit_for_bit(tiny_model):
+    model, _ = tiny_model
+    params = list(model.parameters())
+    prompt, responses = torch.tensor([4, 5, 6, 7]), [torch.tensor([8, 9, 0]), torch.tensor([10, 11])]
+    adv = T.compute_advantages(torch.tensor([1.0, 0.0]), 1e-4)
+    out = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 2, T.nullcontext())
+    grads = [p.grad.clone() for p in params]
+    # by hand: the spec's loop, one response per forward and backward
+    for p in params:
+        p.grad.zero_()
+    total, lps = 0.0, []
+    for r, a in zip(responses, adv):
+        s = T.sequence_log_prob(model, prompt, r, T.nullcontext())
+        loss = T.policy_loss(a, s, 2)
+        loss.backward()
+        total += loss.item()
+        lps.append(s.item())
+    assert out == (total, lps)
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, params))
+
+
+# ----------------------------------------------------------------------------------------------
+# Decoding: the bf16 twin, the static cache, torch.compile
+
+
+def test_bf16_twin_computes_exactly_what_autocast_computes_from_the_float32_master(tiny_model):
+    model, _ = tiny_model
+    twin, pairs = T.bf16_linear_copy(model)
+    assert pairs and all(low.dtype == torch.bfloat16 for _, low in pairs)
+    assert twin.model.embed_tokens.weight is model.model.embed_tokens.weight  # shared, float32
+    assert twin.lm_head.weight.dtype == torch.bfloat16 and model.lm_head.weight.dtype == torch.float32
+    ids = torch.randint(0, 300, (3, 11), generator=torch.Generator().manual_seed(0))
+
+    def both():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(ids).logits, twin(ids).logits
+    a, b = both()
+    assert torch.equal(a, b)
+    with torch.no_grad():  # an optimizer step moves the master; the refresh follows it exactly
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 1e-2)
+        for master, low in pairs:
+            low.copy_(master)
+    a, b = both()
+    assert torch.equal(a, b)
+
+
+def _rollouts(model, cfg, amp, seed=0):
+    responses, _ = T.generate_rollouts(model, torch.tensor([5, 17, 33, 100, 7]), cfg, -1,
+                                       torch.Generator().manual_seed(seed), amp)
+    return [r.tolist() for r in responses]
+
+
+def test_static_cache_decode_takes_the_same_tokens_as_the_dynamic_cache(tiny_model, monkeypatch):
+    model, _ = tiny_model
+    cfg = T.Config(group_size=4, max_new_tokens=10, temperature=1.0, top_p=0.9, device="cpu")
+    cfg.compile = "false"
+    dynamic = _rollouts(model, cfg, T.nullcontext())
+    cfg.compile = "true"
+    T._STATIC_DECODERS.clear()
+    decoder = T.static_decoder(model, T.nullcontext())
+    monkeypatch.setattr(decoder, "compiled_step", decoder._forward)  # the static cache alone, eager
+    assert _rollouts(model, cfg, T.nullcontext()) == dynamic
+    assert _rollouts(model, cfg, T.nullcontext(), seed=1) == _rollouts(model, T.Config(
+        group_size=4, max_new_tokens=10, temperature=1.0, top_p=0.9, device="cpu"), T.nullcontext(), seed=1)
+    T._STATIC_DECODERS.clear()
+
+
+@pytest.mark.skipif(os.environ.get("RLVR_SLOW_TESTS") != "1" or shutil.which("g++") is None,
+                    reason="compiles (about 15 s); RLVR_SLOW_TESTS=1 runs it (needs a C++ compiler)")
+def test_compiled_decode_runs_and_matches_eager_in_float32(tiny_model):
+    model, _ = tiny_model
+    cfg = T.Config(group_size=2, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu")
+    eager = _rollouts(model, cfg, T.nullcontext())
+    cfg.compile = "true"
+    T._STATIC_DECODERS.clear()
+    assert _rollouts(model, cfg, T.nullcontext()) == eager
+    T._STATIC_DECODERS.clear()
+
+
+def test_compile_setting():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert T.compile_decode(T.Config(), cuda) and not T.compile_decode(T.Config(), cpu)  # auto
+    for value, on in [("true", True), ("false", False), ("True", True), ("auto", False)]:
+        cfg = T.load_config(["--config", str(ROOT / "config.yaml"), f"compile={value}"])
+        assert cfg.compile in ("true", "false", "auto") and T.compile_decode(cfg, cpu) is on
+    with pytest.raises(T.UserError, match="'compile' must be auto, true or false"):
+        T.load_config(["--config", str(ROOT / "config.yaml"), "compile=maybe"])
