@@ -479,12 +479,27 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
     # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
     # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
     with torch.autocast(prompt_ids.device.type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext():
-        return _generate(model, prompt_ids, cfg, eos_id, generator, amp)
+        if compile_decode(cfg, prompt_ids.device) and not COMPILE_FAILED:
+            state = generator.get_state()
+            try:
+                return _generate(model, prompt_ids, cfg, eos_id, generator, amp, compiled=True)
+            except (torch.OutOfMemoryError, Interrupted):
+                raise
+            except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
+                COMPILE_FAILED.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                _STATIC_DECODERS.clear()
+                progress(f"compiled decoding failed ({COMPILE_FAILED[0]}); decoding eagerly from now on "
+                         "(compile: false skips the attempt)")
+                generator.set_state(state)  # the eager retry draws the same random numbers
+        return _generate(model, prompt_ids, cfg, eos_id, generator, amp, compiled=False)
 
 
-def _generate(model, prompt_ids, cfg, eos_id, generator, amp):
+COMPILE_FAILED: list[str] = []  # why the compiled decoder failed in this process, if it did
+
+
+def _generate(model, prompt_ids, cfg, eos_id, generator, amp, compiled: bool):
     batch = prompt_ids.unsqueeze(0).repeat(cfg.group_size, 1)  # same prompt: no padding needed
-    if compile_decode(cfg, prompt_ids.device):
+    if compiled:
         decoder = static_decoder(model, amp)
         logits = decoder.prefill(batch, cfg.max_new_tokens)
         step = decoder.step
@@ -626,24 +641,28 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
 # Optimizer step
 
 def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
-                   host_copy: list[torch.Tensor] | None = None) -> tuple[float, float | None]:
+                   before: list[torch.Tensor] | None = None) -> tuple[float, float | None]:
     """clip_grad_norm_ (it returns the norm BEFORE clipping), then one AdamW step.
 
-    The update norm is measured: the weights are copied before the step and compared after it (on
-    CUDA into reused pinned host buffers, host_copy, sparing a second copy of the weights on the
-    card). A non-finite loss or gradient norm skips the step, touching no weight and no optimizer
-    state: update norm None."""
+    The update norm is measured: the weights are copied into `before` (float32 buffers reused from
+    step to step; on CUDA in pinned host memory, sparing the card a second copy of the weights) and
+    compared after the step. A non-finite loss or gradient norm skips the step, touching no weight
+    and no optimizer state: update norm None."""
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     if not (math.isfinite(grad_norm) and math.isfinite(loss)):
         return grad_norm, None
-    before = host_copy if host_copy is not None else [torch.empty_like(p) for p in params]
+    if before is None:
+        before = [torch.empty_like(p, dtype=torch.float32) for p in params]
     for b, p in zip(before, params):
         b.copy_(p.detach(), non_blocking=True)  # stream-ordered before the step's in-place updates
     optimizer.step()
-    update_sq = torch.zeros((), dtype=torch.float64, device=params[0].device)
-    for p, b in zip(params, before):
-        update_sq += torch.linalg.vector_norm(p.detach().float() - b.to(p.device, non_blocking=True).float()) ** 2
-    return grad_norm, math.sqrt(float(update_sq))
+    weights = [p.detach() for p in params]
+    if before[0].device == weights[0].device:
+        torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
+        norms = torch._foreach_norm(before)
+    else:
+        norms = [torch.linalg.vector_norm(w.float() - b.to(w.device, non_blocking=True)) for w, b in zip(weights, before)]
+    return grad_norm, float(torch.linalg.vector_norm(torch.stack(norms).double()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1031,7 +1050,10 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
     problems = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    host_copy = [torch.empty_like(p, device="cpu").pin_memory() for p in params] if device.type == "cuda" else None
+    # the weights before each optimizer step, to measure the update: allocated once
+    host_copy = [torch.empty_like(p, dtype=torch.float32, device="cpu") for p in params]
+    if device.type == "cuda":
+        host_copy = [b.pin_memory() for b in host_copy]
 
     history = []
     if ckpt is not None:

@@ -219,3 +219,19 @@ def test_compile_setting():
         assert cfg.compile in ("true", "false", "auto") and T.compile_decode(cfg, cpu) is on
     with pytest.raises(T.UserError, match="'compile' must be auto, true or false"):
         T.load_config(["--config", str(ROOT / "config.yaml"), "compile=maybe"])
+
+
+def test_a_failing_compiled_decoder_falls_back_to_eager_with_the_same_tokens(tiny_model, monkeypatch, capsys):
+    model, _ = tiny_model
+    cfg = T.Config(group_size=4, max_new_tokens=8, temperature=1.0, top_p=0.9, device="cpu", compile="false")
+    eager = _rollouts(model, cfg, T.nullcontext(), seed=3)
+
+    def broken(model, amp):
+        raise RuntimeError("Inductor could not compile this\nlong details")
+    monkeypatch.setattr(T, "static_decoder", broken)
+    monkeypatch.setattr(T, "COMPILE_FAILED", [])
+    cfg.compile = "true"
+    assert _rollouts(model, cfg, T.nullcontext(), seed=3) == eager
+    assert "compiled decoding failed (RuntimeError: Inductor could not compile this); decoding eagerly" in capsys.readouterr().err
+    assert _rollouts(model, cfg, T.nullcontext(), seed=3) == eager  # and stays eager, without a new attempt
+    assert capsys.readouterr().err == ""
