@@ -557,6 +557,13 @@ def compute_advantages(rewards: torch.Tensor, std_eps: float) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # Log-probabilities and loss
 
+def gathered_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] per position, in float32, as the gathered logit minus logsumexp:
+    no full-vocabulary log-softmax tensor is built."""
+    logits = logits.float()
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
 def token_log_probs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
     """log p_theta(response_t | prompt, response_<t) for every response token (EOS included), float32.
 
@@ -565,8 +572,7 @@ def token_log_probs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor,
     input_ids = torch.cat([prompt_ids, response_ids[:-1]]).unsqueeze(0)
     with amp:
         logits = model(input_ids, logits_to_keep=len(response_ids)).logits[0]
-    logits = logits.float()
-    return logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return gathered_log_probs(logits, response_ids)
 
 
 def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch.Tensor], amp) -> list[torch.Tensor]:
@@ -582,11 +588,7 @@ def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch
         ids[i, len(prompt_ids):len(prompt_ids) + len(r) - 1] = r[:-1]
     with amp:
         logits = model(ids, logits_to_keep=longest).logits
-    out = []
-    for i, r in enumerate(responses):
-        row = logits[i, :len(r)].float()
-        out.append(row.gather(-1, r.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1))
-    return out
+    return [gathered_log_probs(logits[i, :len(r)], r) for i, r in enumerate(responses)]
 
 
 def sequence_log_prob(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
