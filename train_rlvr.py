@@ -927,7 +927,7 @@ def sync(device: torch.device) -> None:
 
 
 def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, device, precision,
-               eos_id, generator, host_copy=None) -> tuple[dict, list[dict]]:
+               eos_id, generator, weights_before=None) -> tuple[dict, list[dict]]:
     """One problem: rollouts, rewards, advantages, per-response backward, clip, one AdamW step."""
     amp = autocast(device, precision)
     timings = {}
@@ -969,7 +969,7 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
     check_stop()
 
     t = time.perf_counter()
-    grad_norm, update_norm = optimizer_step(params, optimizer, cfg.max_grad_norm, loss, host_copy)
+    grad_norm, update_norm = optimizer_step(params, optimizer, cfg.max_grad_norm, loss, weights_before)
     sync(device)
     timings["optimizer"] = time.perf_counter() - t
     timings["step"] = time.perf_counter() - t0
@@ -1053,9 +1053,9 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     # the weights before each optimizer step, to measure the update: allocated once
-    host_copy = [torch.empty_like(p, dtype=torch.float32, device="cpu") for p in params]
+    weights_before = [torch.empty_like(p, dtype=torch.float32, device="cpu") for p in params]
     if device.type == "cuda":
-        host_copy = [b.pin_memory() for b in host_copy]
+        weights_before = [b.pin_memory() for b in weights_before]
 
     history = []
     if ckpt is not None:
@@ -1075,7 +1075,7 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
                 boundary = rng_state(generator)  # the RNG state a checkpoint of step - 1 must hold
                 try:
                     metrics, rollouts = train_step(step, problems[step - 1], model, tokenizer, params, optimizer,
-                                                   scorer, cfg, device, precision, eos_id, generator, host_copy)
+                                                   scorer, cfg, device, precision, eos_id, generator, weights_before)
                 except Interrupted:
                     exit_code = 128 + STOP["signal"]
                     stop_reason = f"stopped by {signal.Signals(STOP['signal']).name} during step {step}"
