@@ -310,3 +310,23 @@ def test_bad_records_stop_before_training_or_are_skipped(tiny_model_dir, tmp_pat
     assert "skipping dataset record 2: 'problem' is not a non-empty text" in captured.err
     metrics = [json.loads(l) for l in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [m["problem_index"] for m in metrics] == [0, 3]
+
+
+def test_out_of_memory_in_generation_stops_with_a_checkpoint(tiny_model_dir, tiny_data_file, tmp_path, capsys,
+                                                             monkeypatch):
+    _first_rollout_wins(monkeypatch)
+    real, calls = T.generate_rollouts, {"n": 0}
+
+    def oom_at_step_4(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return real(*a, **k)
+    monkeypatch.setattr(T, "generate_rollouts", oom_at_step_4)
+    out = tmp_path / "run"
+    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "save_every=0")) == 1
+    err = capsys.readouterr().err
+    assert "CUDA out of memory at step 4 while generating 4 rollouts of up to 6 tokens" in err
+    assert "lower max_new_tokens or group_size" in err and "resume=auto" in err
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000003"]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
