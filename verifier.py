@@ -132,6 +132,14 @@ _BRACE_RE = re.compile(r"\\.|[{}]", re.S)
 _CTRL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
+def _skip_space(s, i):
+    """Index of the first character at or after i that is not a space, tab or newline."""
+    n = len(s)
+    while i < n and s[i] in " \t\n\r":
+        i += 1
+    return i
+
+
 def _match_group(s, i):
     """s[i] == '{'; index just after the matching '}', or -1 when unbalanced."""
     depth = 0
@@ -161,9 +169,7 @@ def _strip_wrappers(s):
         else:
             m = _BOX_RE.match(s)
             if m:
-                k = m.end()
-                while k < len(s) and s[k] in " \t\n\r":
-                    k += 1
+                k = _skip_space(s, m.end())
                 if k < len(s) and s[k] == "{" and _match_group(s, k) == len(s):
                     s = s[k + 1:-1]
         if s == old:
@@ -190,9 +196,7 @@ def _extract(text):
     if last is None:
         return None
     n = len(text)
-    k = last.end()
-    while k < n and text[k] in " \t\n\r":
-        k += 1
+    k = _skip_space(text, last.end())
     if k < n and text[k] == "{":
         e = _match_group(text, k)
         if e < 0:
@@ -407,8 +411,7 @@ def _tokenize(s, toks=None):
                 name = s[i + 1]
                 i += 2
             if name in _TEXT_CMDS:
-                while i < n and s[i] in " \t\n\r":
-                    i += 1
+                i = _skip_space(s, i)
                 if i < n and s[i] == "{":
                     e = _match_group(s, i)
                     if e < 0:
@@ -434,8 +437,7 @@ def _tokenize(s, toks=None):
                 env = m.group(1)
                 i = m.end()
                 if name == "begin" and env == "array":
-                    while i < n and s[i] in " \t\n\r":
-                        i += 1
+                    i = _skip_space(s, i)
                     if i < n and s[i] == "{":
                         e = _match_group(s, i)
                         if e < 0:
