@@ -126,23 +126,19 @@ def test_one_signal_in_a_checkpoint_write_finishes_it_then_stops(tiny_model_dir,
 # In-process: signals at the safe points of a step
 
 
-def _in_process_args(model_dir, data, out, *extra):
-    return _args(model_dir, data, out, *extra)
-
-
 def _first_rollout_wins(monkeypatch):
     monkeypatch.setattr(T, "score_rollouts",
                         lambda scorer, texts, gold: [(float(i == 0), None, "wrong") for i in range(len(texts))])
 
 
-def _signal_on_call(monkeypatch, name, at_call, sig):
-    """Wrap T.<name> so that its at_call-th call first sends sig to this process."""
+def _on_call(monkeypatch, name, at_call, action):
+    """Wrap T.<name> so that action() runs just before its at_call-th call."""
     real, calls = getattr(T, name), {"n": 0}
 
     def wrapped(*a, **k):
         calls["n"] += 1
         if calls["n"] == at_call:
-            os.kill(os.getpid(), sig)
+            action()
         return real(*a, **k)
     monkeypatch.setattr(T, name, wrapped)
 
@@ -156,9 +152,9 @@ def test_signal_during_a_step_checkpoints_the_last_completed_step(tiny_model_dir
                                                                   capsys, monkeypatch, uninterrupted,
                                                                   where, at_call, sig):
     _first_rollout_wins(monkeypatch)
-    _signal_on_call(monkeypatch, where, at_call, sig)
+    _on_call(monkeypatch, where, at_call, lambda: os.kill(os.getpid(), sig))
     out = tmp_path / "run"
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "save_every=0")) == 128 + sig
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "save_every=0")) == 128 + sig
     captured = capsys.readouterr()
     last_done = 2 if at_call in (3, 11) else 1
     assert [c.name for c in T.list_checkpoints(out)] == [f"step-{last_done:06d}"]
@@ -177,13 +173,13 @@ def test_changed_math_setting_is_refused_and_harmless_one_accepted(tiny_model_di
                                                                    monkeypatch):
     _first_rollout_wins(monkeypatch)
     out = tmp_path / "run"
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "num_problems=2")) == 0
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "num_problems=2")) == 0
     capsys.readouterr()
     for bad in ("temperature=0.7", "group_size=3", "learning_rate=2e-3", "seed=5"):
-        assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "resume=auto", bad)) == 2
+        assert T.main(_args(tiny_model_dir, tiny_data_file, out, "resume=auto", bad)) == 2
         err = capsys.readouterr().err
         assert "cannot resume" in err and bad.split("=")[0] in err
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "resume=auto", "num_problems=3",
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "resume=auto", "num_problems=3",
                                    "save_every=7", "verifier_timeout=5")) == 0
     stdout = capsys.readouterr().out
     assert [l.split()[0] for l in stdout.splitlines() if l[:1].isdigit()] == ["1", "2", "3"]
@@ -191,11 +187,11 @@ def test_changed_math_setting_is_refused_and_harmless_one_accepted(tiny_model_di
 
 def test_existing_output_dir_without_resume_is_refused(tiny_model_dir, tiny_data_file, tmp_path, capsys):
     out = tmp_path / "run"
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "num_problems=1")) == 0
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "num_problems=1")) == 0
     capsys.readouterr()
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "num_problems=1")) == 2
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "num_problems=1")) == 2
     assert "already holds a run" in capsys.readouterr().err
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "resume=nowhere")) == 2
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "resume=nowhere")) == 2
     assert "is not a checkpoint folder" in capsys.readouterr().err
 
 
@@ -232,7 +228,7 @@ def test_a_nan_step_is_skipped_and_training_goes_on(tiny_model_dir, tiny_data_fi
         return result
     monkeypatch.setattr(T, "optimizer_step", watching_step)
     out = tmp_path / "run"
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "num_problems=4")) == 0
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "num_problems=4")) == 0
     stdout = capsys.readouterr().out
     rows = [l.split() for l in stdout.splitlines() if l[:1].isdigit()]
     assert rows[1][5:8] == ["nan", "nan", "skipped"]
@@ -248,7 +244,7 @@ def test_too_many_bad_steps_in_a_row_stop_with_a_checkpoint(tiny_model_dir, tiny
     _first_rollout_wins(monkeypatch)
     _poison(monkeypatch, {2, 3})
     out = tmp_path / "run"
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "max_bad_steps=2", "save_every=0")) == 1
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "max_bad_steps=2", "save_every=0")) == 1
     err = capsys.readouterr().err
     assert "2 steps in a row had a non-finite loss or gradient norm (the last at step 3)" in err
     assert [c.name for c in T.list_checkpoints(out)] == ["step-000003"]
@@ -267,7 +263,7 @@ def test_a_hanging_or_crashing_verifier_scores_0_and_training_goes_on(tiny_model
         monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [scorer.score("EXIT", gold) for _ in texts])
     monkeypatch.setattr(T.verifier, "TimedVerifier", functools.partial(verifier.TimedVerifier, score_fn=score_fn))
     out = tmp_path / "run"
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "num_problems=2", "group_size=2",
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "num_problems=2", "group_size=2",
                                    "verifier_timeout=0.5")) == 0
     stdout = capsys.readouterr().out
     rollouts = [json.loads(l) for l in (out / "rollouts.jsonl").read_text().splitlines()]
@@ -275,58 +271,40 @@ def test_a_hanging_or_crashing_verifier_scores_0_and_training_goes_on(tiny_model
     assert "verifier overruns       4 rollouts" in stdout
 
 
-def test_out_of_memory_in_the_backward_stops_with_a_checkpoint(tiny_model_dir, tiny_data_file, tmp_path, capsys,
-                                                               monkeypatch):
-    _first_rollout_wins(monkeypatch)
-    real, calls = T.sequence_log_prob, {"n": 0}
-
-    def oom_at_step_3(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 9:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(*a, **k)
-    monkeypatch.setattr(T, "sequence_log_prob", oom_at_step_3)
-    out = tmp_path / "run"
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "save_every=0")) == 1
-    err = capsys.readouterr().err
-    assert "CUDA out of memory at step 3 in the backward pass of a response of up to" in err
-    assert "lower max_new_tokens" in err and "resume=auto" in err
-    assert [c.name for c in T.list_checkpoints(out)] == ["step-000002"]
-
-
 def test_bad_records_stop_before_training_or_are_skipped(tiny_model_dir, tmp_path, capsys):
     data = tmp_path / "d.json"
     records = [{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "x " * 3000, "answer": "1"},
                {"problem": 7, "answer": "3"}, {"problem": "What is 2 + 2?", "answer": "4"}]
     data.write_text(json.dumps(records))
-    args = _in_process_args(tiny_model_dir, data, tmp_path / "a", "num_problems=4")
+    args = _args(tiny_model_dir, data, tmp_path / "a", "num_problems=4")
     assert T.main(args) == 2
     err = capsys.readouterr().err
     assert "dataset record 1: its prompt has" in err and "exceeds the model's context of 2048" in err
     assert "(and 1 more)" in err and "bad_records: skip" in err
     assert not (tmp_path / "a" / "metrics.jsonl").read_text()  # nothing trained
-    assert T.main(_in_process_args(tiny_model_dir, data, tmp_path / "b", "num_problems=4", "bad_records=skip")) == 0
+    assert T.main(_args(tiny_model_dir, data, tmp_path / "b", "num_problems=4", "bad_records=skip")) == 0
     captured = capsys.readouterr()
     assert "skipping dataset record 2: 'problem' is not a non-empty text" in captured.err
     metrics = [json.loads(l) for l in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [m["problem_index"] for m in metrics] == [0, 3]
 
 
-def test_out_of_memory_in_generation_stops_with_a_checkpoint(tiny_model_dir, tiny_data_file, tmp_path, capsys,
-                                                             monkeypatch):
-    _first_rollout_wins(monkeypatch)
-    real, calls = T.generate_rollouts, {"n": 0}
+def _out_of_memory():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    def oom_at_step_4(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
-        return real(*a, **k)
-    monkeypatch.setattr(T, "generate_rollouts", oom_at_step_4)
+
+@pytest.mark.parametrize("where, at_call, message, last_done", [
+    ("sequence_log_prob", 9, "CUDA out of memory at step 3 in the backward pass of a response of up to 6 tokens", 2),
+    ("generate_rollouts", 4, "CUDA out of memory at step 4 while generating 4 rollouts of up to 6 tokens", 3),
+])
+def test_out_of_memory_stops_with_a_checkpoint_of_the_last_completed_step(tiny_model_dir, tiny_data_file, tmp_path,
+                                                                          capsys, monkeypatch, where, at_call,
+                                                                          message, last_done):
+    _first_rollout_wins(monkeypatch)
+    _on_call(monkeypatch, where, at_call, _out_of_memory)
     out = tmp_path / "run"
-    assert T.main(_in_process_args(tiny_model_dir, tiny_data_file, out, "save_every=0")) == 1
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "save_every=0")) == 1
     err = capsys.readouterr().err
-    assert "CUDA out of memory at step 4 while generating 4 rollouts of up to 6 tokens" in err
-    assert "lower max_new_tokens or group_size" in err and "resume=auto" in err
-    assert [c.name for c in T.list_checkpoints(out)] == ["step-000003"]
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+    assert message in err and "lower max_new_tokens" in err and "resume=auto" in err
+    assert [c.name for c in T.list_checkpoints(out)] == [f"step-{last_done:06d}"]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == last_done
