@@ -667,6 +667,13 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
     return grad_norm, float(torch.linalg.vector_norm(torch.stack(norms).double()))
 
 
+def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
+    """float32 buffers for the weights before each optimizer step, allocated once per run: on the
+    host, pinned on CUDA so the copies can run asynchronously."""
+    buffers = [torch.empty_like(p, dtype=torch.float32, device="cpu") for p in params]
+    return [b.pin_memory() for b in buffers] if device.type == "cuda" else buffers
+
+
 # ----------------------------------------------------------------------------------------------
 # Logging
 
@@ -1052,10 +1059,7 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
     problems = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    # the weights before each optimizer step, to measure the update: allocated once
-    weights_before = [torch.empty_like(p, dtype=torch.float32, device="cpu") for p in params]
-    if device.type == "cuda":
-        weights_before = [b.pin_memory() for b in weights_before]
+    weights_before = update_norm_buffers(params, device)
 
     history = []
     if ckpt is not None:

@@ -137,13 +137,13 @@ class TrainerVariant:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, weight_decay=0.01)
         self.cfg = T.Config(group_size=args.group, max_new_tokens=args.new_tokens, temperature=0.8, top_p=0.9,
-                            device=str(device), precision=self.precision)
-        self.cfg.compile = args.compile  # read with getattr by the trainer until Config has the key
-        self.cfg.logprob_batch_size = args.logprob_batch_size
+                            device=str(device), precision=self.precision, compile=args.compile,
+                            logprob_batch_size=args.logprob_batch_size)
+        self.weights_before = T.update_norm_buffers(self.params, device)  # as run() does
         self.generator = torch.Generator(device=device).manual_seed(0)
         self.prompt_ids, self.problem = prompt_ids.to(device), problem
         self.rewards = torch.tensor([float(x) for x in args.rewards.split(",")])
-        self.scorer = T.verifier.TimedVerifier(timeout_s=2.0)
+        self.scorer = T.verifier.TimedVerifier(timeout_s=2.0).__enter__()  # starts its worker now, as run() does
 
     def step(self):
         amp, d, t = T.autocast(self.device, self.precision), self.device, {}
@@ -160,11 +160,11 @@ class TrainerVariant:
         advantages = T.compute_advantages(rewards, self.cfg.std_eps)
         s = time.perf_counter()
         T.accumulate_policy_gradient(self.model, self.params, self.prompt_ids, responses, advantages.to(d),
-                                     self.cfg.group_size, amp, logprob_batch_size=self.args.logprob_batch_size)
+                                     self.cfg.group_size, amp, self.cfg.logprob_batch_size)
         sync(d)
         t["logprob_backward"] = time.perf_counter() - s
         s = time.perf_counter()
-        T.optimizer_step(self.params, self.optimizer, self.cfg.max_grad_norm)
+        T.optimizer_step(self.params, self.optimizer, self.cfg.max_grad_norm, 0.0, self.weights_before)
         sync(d)
         t["optimizer"] = time.perf_counter() - s
         t["step"] = time.perf_counter() - t0
