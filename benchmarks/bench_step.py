@@ -189,7 +189,7 @@ class PlainVariant:
                                            pad_token_id=tokenizer.eos_token_id)
         self.prompt_ids, self.problem = prompt_ids.to(device), problem
         self.rewards = torch.tensor([float(x) for x in args.rewards.split(",")])
-        self.scorer = T.verifier.TimedVerifier(timeout_s=2.0)  # the plain loop scores like the trainer
+        self.scorer = T.verifier.TimedVerifier(timeout_s=2.0).__enter__()  # the plain loop scores like the trainer
         torch.manual_seed(1)
 
     def step(self):
