@@ -611,3 +611,20 @@ def test_update_norm_through_reused_host_buffers_is_the_same(tiny_model_dir):
         by_hand = math.sqrt(sum(((p.detach() - b) ** 2).sum().item() for p, b in zip(params, before)))
         assert norms[-1] == pytest.approx(by_hand, rel=1e-6)
     assert norms[0] == norms[1] > 0
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-autocast"])
+def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_file, tmp_path, capsys, monkeypatch,
+                                                   precision):
+    _rewards_from_parity(monkeypatch)
+    out = tmp_path / "run"
+    stdout = _run(tiny_model_dir, tiny_data_file, out, capsys, "num_problems=2", f"precision={precision}",
+                  "learning_rate=1e-3")
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and all(m["update_norm"] > 0 and math.isfinite(m["grad_norm"]) for m in metrics)
+    from safetensors.torch import load_file
+
+    weights = load_file(out / "final" / "model.safetensors")
+    expected = torch.bfloat16 if precision == "bf16" else torch.float32  # bf16-autocast keeps float32 masters
+    assert {w.dtype for w in weights.values()} == {expected}
+    assert "correct rollouts" in stdout
