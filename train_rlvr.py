@@ -1029,10 +1029,15 @@ def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
     except (OSError, ValueError) as e:
         raise UserError(f"could not load model {cfg.model!r} at revision {cfg.revision!r}: "
                         f"{str(e).splitlines()[0]}; set model: to a hub id or a local folder")
+    return model.to(device).eval(), tokenizer, resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
+
+
+def resolve_eos_id(tokenizer, cfg: Config, vocab_size: int) -> int:
+    # An unknown token maps to the unk id, whose text differs (Qwen's unk token IS <|endoftext|>).
     eos_id = tokenizer.convert_tokens_to_ids(cfg.eos_token)
-    if eos_id is None or eos_id == tokenizer.unk_token_id or eos_id >= model.config.vocab_size:
+    if eos_id is None or eos_id >= vocab_size or tokenizer.convert_ids_to_tokens(eos_id) != cfg.eos_token:
         raise UserError(f"eos_token {cfg.eos_token!r} is not a token of {cfg.model}; set eos_token to its EOS")
-    return model.to(device).eval(), tokenizer, eos_id
+    return eos_id
 
 
 def main(argv: list[str] | None = None) -> int:

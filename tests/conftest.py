@@ -49,6 +49,27 @@ def build_tiny_qwen3(folder: Path, vocab_size: int, seed: int = 0, **overrides):
     return model
 
 
+def build_like(folder: Path, like: Path, layers: int = 2, hidden: int | None = None, seed: int = 0):
+    """A random model of `like`'s architecture family (its config.json, made smaller) with its
+    tokenizer files, e.g. the real Qwen3 tokenizer of ../shared/qwen3-0.6b-base."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    for f in like.iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, folder / f.name)
+    values = json.loads((like / "config.json").read_text())
+    values.update(num_hidden_layers=layers, max_window_layers=layers)
+    values.pop("layer_types", None)  # derived from num_hidden_layers
+    if hidden:
+        values.update(hidden_size=hidden, intermediate_size=3 * hidden, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=hidden // 4)
+    cfg = AutoConfig.for_model(values.pop("model_type"), **values)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(folder)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-qwen3")

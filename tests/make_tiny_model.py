@@ -7,12 +7,11 @@
 A random model learns nothing about math: this is for checking that the loop runs end to end.
 """
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import build_tiny_qwen3, build_tiny_tokenizer  # noqa: E402
+from conftest import build_like, build_tiny_qwen3, build_tiny_tokenizer  # noqa: E402
 
 
 def main():
@@ -28,20 +27,7 @@ def main():
         tok = build_tiny_tokenizer(out)
         build_tiny_qwen3(out, vocab_size=len(tok))
     else:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        like = Path(args.like)
-        for f in like.iterdir():
-            if f.name.startswith("tokenizer"):
-                shutil.copy(f, out / f.name)
-        cfg = AutoConfig.from_pretrained(like)
-        cfg.num_hidden_layers = args.layers
-        if args.hidden:
-            cfg.hidden_size, cfg.intermediate_size = args.hidden, 3 * args.hidden
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = 4, 2, args.hidden // 4
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
+        build_like(out, Path(args.like), args.layers, args.hidden)
     print(out)
 
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -628,3 +629,37 @@ def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_fi
     expected = torch.bfloat16 if precision == "bf16" else torch.float32  # bf16-autocast keeps float32 masters
     assert {w.dtype for w in weights.values()} == {expected}
     assert "correct rollouts" in stdout
+
+
+def test_end_to_end_with_the_real_qwen3_tokenizer(tmp_path, capsys):
+    """The real tokenizer (no BOS; its unk token is <|endoftext|>, id 151643) on a small random model."""
+    like = ROOT.parent / "shared" / "qwen3-0.6b-base"
+    if not like.exists():
+        pytest.skip("../shared/qwen3-0.6b-base not present (fresh clone): real-tokenizer check skipped")
+    from conftest import build_like
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    build_like(model_dir, like, layers=1, hidden=64)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    assert T.resolve_eos_id(tok, T.Config(), 151936) == 151643
+    with pytest.raises(T.UserError, match=re.escape("eos_token '<|im_nope|>' is not a token")):
+        T.resolve_eos_id(tok, T.Config(eos_token="<|im_nope|>"), 151936)
+    prompt = T.build_prompt(T.SPEC_PROMPT, "What is 1 + 1?")
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == prompt and 151643 not in ids  # no BOS, no special token added
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps([{"problem": "What is 1 + 1?", "answer": "2"}] * 2))
+    out = tmp_path / "run"
+    stdout = _run(model_dir, data, out, capsys, "num_problems=2", "max_new_tokens=6")
+    rollouts = [json.loads(l) for l in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 8 and all(1 <= r["tokens"] <= 6 for r in rollouts)
+    assert stdout.splitlines()[0].startswith("step  correct/4")
+
+
+def test_unknown_eos_token_of_the_tiny_tokenizer_is_refused(tiny_model):
+    _, tok = tiny_model
+    assert T.resolve_eos_id(tok, T.Config(), 320) == 0
+    with pytest.raises(T.UserError, match="set eos_token to its EOS"):
+        T.resolve_eos_id(tok, T.Config(eos_token="</s>"), 320)
