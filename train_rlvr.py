@@ -821,7 +821,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(out: Path, step: int, model, optimizer, rng: dict, cfg: Config) -> Path:
+def save_checkpoint(out: Path, step: int, model, optimizer, rng: dict, cfg: Config, next_record: int | None) -> Path:
     """Weights, optimizer state, RNG states, step counter, config and the logs up to this step,
     written to a temporary folder, fsynced, then renamed into place: a crash mid-write leaves the
     previous checkpoints intact. Keeps the last keep_last."""
@@ -839,7 +839,8 @@ def save_checkpoint(out: Path, step: int, model, optimizer, rng: dict, cfg: Conf
     for name in ("metrics.jsonl", "rollouts.jsonl"):
         shutil.copyfile(out / name, tmp / name)
     (tmp / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
-    (tmp / "state.json").write_text(json.dumps({"step": step}))
+    # data position: the dataset record of the next step (None after the last)
+    (tmp / "state.json").write_text(json.dumps({"step": step, "next_record": next_record}))
     for f in tmp.iterdir():
         _fsync(f)
     _fsync(tmp)
@@ -856,9 +857,19 @@ def save_checkpoint(out: Path, step: int, model, optimizer, rng: dict, cfg: Conf
     return final
 
 
-def load_checkpoint(ckpt: Path, out: Path, model, optimizer, generator) -> list[dict]:
+def next_record(problems: list[dict], steps_done: int) -> int | None:
+    return problems[steps_done]["index"] if steps_done < len(problems) else None
+
+
+def load_checkpoint(ckpt: Path, out: Path, model, optimizer, generator, problems: list[dict]) -> list[dict]:
     """Restore weights, optimizer and RNG states, and the logs; return the metrics of the steps done."""
     from safetensors.torch import load_model
+
+    state = json.loads((ckpt / "state.json").read_text())
+    here = next_record(problems, state["step"])
+    if state.get("next_record") is not None and here != state["next_record"]:
+        raise UserError(f"cannot resume {ckpt}: its next problem is dataset record {state['next_record']}, "
+                        f"but the data now give record {here}; the data set changed since the checkpoint")
 
     load_model(model, str(ckpt / "model.safetensors"), device=str(next(model.parameters()).device))
     optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
@@ -1068,7 +1079,7 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
 
     history = []
     if ckpt is not None:
-        history = load_checkpoint(ckpt, out, model, optimizer, generator)
+        history = load_checkpoint(ckpt, out, model, optimizer, generator, problems)
         progress(f"resumed from {ckpt} after step {len(history)}")
     print(format_header(cfg.group_size), flush=True)
     for m in history:  # a resumed run shows the whole table, as an uninterrupted one would
@@ -1107,7 +1118,7 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
                     break
                 if (cfg.save_every and step % cfg.save_every == 0) or step == len(problems) or STOP["signal"]:
                     progress(f"[step {step}] writing checkpoint")
-                    save_checkpoint(out, step, model, optimizer, boundary, cfg)
+                    save_checkpoint(out, step, model, optimizer, boundary, cfg, next_record(problems, step))
                     last_saved = step
                 if STOP["signal"]:  # arrived during the optimizer step: the step is complete
                     exit_code = 128 + STOP["signal"]
@@ -1116,7 +1127,7 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
         if stop_reason:
             if len(history) > last_saved:
                 progress(f"writing a checkpoint of step {len(history)}")
-                save_checkpoint(out, len(history), model, optimizer, boundary, cfg)
+                save_checkpoint(out, len(history), model, optimizer, boundary, cfg, next_record(problems, len(history)))
             done = f"checkpoint of step {len(history)} in {out / 'checkpoints'}" if history else "no step completed"
             progress(f"{stop_reason}; {done}. To continue: {resume_command(argv)}")
             return exit_code

@@ -41,11 +41,11 @@ def main():
             (out / name).write_text("{}\n")
         cfg = T.Config(output_dir=str(out))
         t = time.perf_counter()
-        ckpt = T.save_checkpoint(out, 1, model, optimizer, T.rng_state(gen), cfg)
+        ckpt = T.save_checkpoint(out, 1, model, optimizer, T.rng_state(gen), cfg, None)
         write_s = time.perf_counter() - t
         size = sum(f.stat().st_size for f in ckpt.iterdir())
         t = time.perf_counter()
-        T.load_checkpoint(ckpt, out, model, optimizer, gen)
+        T.load_checkpoint(ckpt, out, model, optimizer, gen, [])
         load_s = time.perf_counter() - t
     print(f"parameters {n / 1e6:.1f}M; checkpoint {size / 2**30:.2f} GiB; "
           f"write (with fsync) {write_s:.1f} s ({size / 2**20 / write_s:.0f} MiB/s); load {load_s:.1f} s")

@@ -4,6 +4,7 @@ hostile verifiers, out-of-memory and bad records. CPU, tiny local model."""
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -308,3 +309,22 @@ def test_out_of_memory_stops_with_a_checkpoint_of_the_last_completed_step(tiny_m
     assert message in err and "lower max_new_tokens" in err and "resume=auto" in err
     assert [c.name for c in T.list_checkpoints(out)] == [f"step-{last_done:06d}"]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == last_done
+
+
+def test_resume_refuses_data_that_changed_under_the_checkpoint(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    _first_rollout_wins(monkeypatch)
+    data = tmp_path / "d.json"
+    records = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4)]
+    data.write_text(json.dumps(records))
+    out = tmp_path / "run"
+    args = _args(tiny_model_dir, data, out, "num_problems=4", "save_every=2", "bad_records=skip")
+    assert T.main(args) == 0
+    state = json.loads((T.list_checkpoints(out)[0] / "state.json").read_text())
+    assert state == {"step": 2, "next_record": 2}
+    capsys.readouterr()
+    records[1]["answer"] = ""  # record 1 is now skipped: the problems after it shift by one
+    data.write_text(json.dumps(records))
+    shutil.rmtree(T.list_checkpoints(out)[-1])  # resume from step 2
+    assert T.main(args + ["resume=auto"]) == 2
+    err = capsys.readouterr().err
+    assert "its next problem is dataset record 2, but the data now give record 3" in err
