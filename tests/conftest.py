@@ -11,63 +11,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
-EOS = "<|endoftext|>"
-CORPUS = [
-    "You are a helpful math assistant. Answer the question and write the final result on a new line as:",
-    "\\boxed{ANSWER} Question: Answer: What is 1 + 1? The answer is \\boxed{2}.",
-    "Let x = 3. Then 2x + 1 = 7, so \\boxed{7}. \\frac{1}{2} \\sqrt{2} 0123456789 ()[]{}+-*/=^_",
-    "The sum of the roots is 5 and the product is 6, therefore \\boxed{(2, 3)}.",
-]
-
-
-def build_tiny_tokenizer(folder: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=[EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
-    fast.save_pretrained(folder)
-    return fast
-
-
-def build_tiny_qwen3(folder: Path, vocab_size: int, seed: int = 0, **overrides):
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    torch.manual_seed(seed)
-    cfg = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
-               tie_word_embeddings=True, eos_token_id=0, bos_token_id=0, pad_token_id=0)
-    cfg.update(overrides)
-    model = AutoModelForCausalLM.from_config(Qwen3Config(**cfg), dtype=torch.float32)
-    model.save_pretrained(folder)
-    return model
-
-
-def build_like(folder: Path, like: Path, layers: int = 2, hidden: int | None = None, seed: int = 0):
-    """A random model of `like`'s architecture family (its config.json, made smaller) with its
-    tokenizer files, e.g. the real Qwen3 tokenizer of ../shared/qwen3-0.6b-base."""
-    import shutil
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    for f in like.iterdir():
-        if f.name.startswith("tokenizer"):
-            shutil.copy(f, folder / f.name)
-    values = json.loads((like / "config.json").read_text())
-    values.update(num_hidden_layers=layers, max_window_layers=layers)
-    values.pop("layer_types", None)  # derived from num_hidden_layers
-    if hidden:
-        values.update(hidden_size=hidden, intermediate_size=3 * hidden, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=hidden // 4)
-    cfg = AutoConfig.for_model(values.pop("model_type"), **values)
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(folder)
+from tiny_models import EOS, build_like, build_tiny_qwen3, build_tiny_tokenizer  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

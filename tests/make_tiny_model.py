@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import build_like, build_tiny_qwen3, build_tiny_tokenizer  # noqa: E402
+from tiny_models import build_like, build_tiny_qwen3, build_tiny_tokenizer  # noqa: E402
 
 
 def main():
