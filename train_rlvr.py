@@ -258,6 +258,11 @@ def load_problems(cfg: Config) -> list[dict]:
             for i in range(cfg.start_index, end)]
 
 
+def build_prompt(template: str, problem: str) -> str:
+    # str.replace, not str.format: problems are full of LaTeX braces.
+    return template.replace("{problem}", problem)
+
+
 def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int) -> list[dict]:
     """Refuse (bad_records: stop) or leave out (skip) records that cannot be trained on, before
     training begins: a non-text or empty problem, an empty answer, a prompt that with
@@ -269,12 +274,13 @@ def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int) -
         elif p["answer"] is None or str(p["answer"]).strip() == "":
             bad.append(f"dataset record {p['index']}: '{cfg.answer_field}' is empty")
         else:
-            n = len(tokenizer(build_prompt(cfg.prompt_template, p["problem"]), add_special_tokens=False)["input_ids"])
+            ids = tokenizer(build_prompt(cfg.prompt_template, p["problem"]), add_special_tokens=False)["input_ids"]
+            n = len(ids)
             if n + cfg.max_new_tokens > context:
                 bad.append(f"dataset record {p['index']}: its prompt has {n} tokens, and with max_new_tokens "
                            f"{cfg.max_new_tokens} it exceeds the model's context of {context}")
             else:
-                good.append(dict(p, answer=str(p["answer"])))
+                good.append(dict(p, answer=str(p["answer"]), prompt_ids=ids))
     if bad and cfg.bad_records == "stop":
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise UserError(f"{bad[0]}{more}; fix the data, move start_index, or set bad_records: skip")
@@ -283,11 +289,6 @@ def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int) -
     if not good:
         raise UserError("no dataset record is usable; fix the data or the settings above")
     return good
-
-
-def build_prompt(template: str, problem: str) -> str:
-    # str.replace, not str.format: problems are full of LaTeX braces.
-    return template.replace("{problem}", problem)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -354,13 +355,12 @@ def sample_next_token(logits: torch.Tensor, temperature: float, top_p: float,
     weights = nucleus_weights(logits, temperature, top_p)
     cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
     u = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=torch.float64)
-    token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
-    # u * total < total always lands on a kept token (the cdf reaches the total at the last kept
-    # token); only a product that rounds up to the total needs clamping to the last kept token.
-    if bool((token >= weights.shape[-1]).any()):
-        last_kept = weights.shape[-1] - 1 - (weights > 0).flip(-1).int().argmax(dim=-1, keepdim=True)
-        token = torch.minimum(token, last_kept)
-    return token.squeeze(-1)
+    total = cdf[:, -1:]
+    # A target below the total always lands on a kept token: the cdf rises only at kept tokens and
+    # reaches the total at the last one. A product u * total that rounds up to the total is moved
+    # to the float just below it, which selects that last kept token (no host sync, no extra pass).
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
 
 
 def compile_decode(cfg: Config, device: torch.device) -> bool:
@@ -622,7 +622,7 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
     zero_gradients(params)
     if bool((advantages == 0).all()):
         return 0.0, [None] * len(responses)
-    total, seq_log_probs = 0.0, []
+    losses_done, seq_lps_done = [], []
     size = max(1, int(logprob_batch_size))
     for start in range(0, len(responses), size):
         check_stop()  # safe point for SIGINT/SIGTERM: the weights are untouched until the optimizer step
@@ -633,9 +633,13 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
             seq_lps = [lp.sum() for lp in batch_token_log_probs(model, prompt_ids, chunk, amp)]
         losses = [policy_loss(a, s, group_size) for a, s in zip(advantages[start:start + size], seq_lps)]
         (losses[0] if len(losses) == 1 else torch.stack(losses).sum()).backward()
-        for loss, seq_lp in zip(losses, seq_lps):
-            total += loss.item()
-            seq_log_probs.append(seq_lp.item())
+        losses_done += [loss.detach() for loss in losses]
+        seq_lps_done += [seq_lp.detach() for seq_lp in seq_lps]
+    # one host sync for the whole group, not two per response
+    loss_values, seq_log_probs = torch.stack([torch.stack(losses_done), torch.stack(seq_lps_done)]).tolist()
+    total = 0.0
+    for value in loss_values:  # summed in response order, as before
+        total += value
     return total, seq_log_probs
 
 
@@ -951,8 +955,7 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
     timings = {}
     t0 = time.perf_counter()
 
-    prompt = build_prompt(cfg.prompt_template, problem["problem"])
-    prompt_ids = torch.tensor(tokenizer(prompt, add_special_tokens=False)["input_ids"], device=device)
+    prompt_ids = torch.tensor(problem["prompt_ids"], device=device)  # tokenized once, by check_problems
     progress(f"[step {step}] generating {cfg.group_size} rollouts (problem {problem['index']})")
     try:
         responses, cut = generate_rollouts(model, prompt_ids, cfg, eos_id, generator, amp)
@@ -1091,8 +1094,8 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
     previous_handlers = install_signal_handlers()
     try:
         with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
+            boundary = rng_state(generator)  # the RNG state a checkpoint of the last completed step holds
             for step in range(len(history) + 1, len(problems) + 1):
-                boundary = rng_state(generator)  # the RNG state a checkpoint of step - 1 must hold
                 try:
                     metrics, rollouts = train_step(step, problems[step - 1], model, tokenizer, params, optimizer,
                                                    scorer, cfg, device, precision, eos_id, generator, weights_before)
