@@ -347,20 +347,38 @@ def nucleus_weights(logits: torch.Tensor, temperature: float, top_p: float) -> t
     return (scores - scores.max(dim=-1, keepdim=True).values).exp_().masked_fill_(~kept, 0.0)
 
 
-def sample_next_token(logits: torch.Tensor, temperature: float, top_p: float,
-                      generator: torch.Generator) -> torch.Tensor:
+def sample_next_token(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor) -> torch.Tensor:
     """One token per row, drawn from the nucleus only: an inverse CDF over the kept tokens in
-    token-id order with one uniform per row, so the draw depends on the kept set and its
-    probabilities alone, not on how they were found."""
+    token-id order with one float64 uniform per row (`u`, shape rows x 1), so the draw depends on
+    the kept set, its probabilities and u alone, not on how they were found."""
     weights = nucleus_weights(logits, temperature, top_p)
     cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
-    u = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=torch.float64)
     total = cdf[:, -1:]
     # A target below the total always lands on a kept token: the cdf rises only at kept tokens and
     # reaches the total at the last one. A product u * total that rounds up to the total is moved
     # to the float just below it, which selects that last kept token (no host sync, no extra pass).
-    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    target = torch.minimum(u.to(cdf.device) * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).squeeze(-1)
+
+
+def stream_seed(seed: int, *key) -> int:
+    """The seed of the random stream named by key, e.g. ("rollout", step, i): a hash, so streams
+    of different keys are unrelated and none depends on how many others exist or who draws them."""
+    import hashlib
+
+    digest = hashlib.blake2b(repr((int(seed), *key)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # 63 bits: what manual_seed takes
+
+
+def rollout_streams(seed: int, step: int, rollouts, device) -> list[torch.Generator]:
+    """Rollout i of step s draws every random number from its own stream (seed, step, i): the
+    same tokens whichever process samples it, in whatever batch, and on resume with no RNG state."""
+    return [torch.Generator(device=device).manual_seed(stream_seed(seed, "rollout", step, i)) for i in rollouts]
+
+
+def draw_uniforms(streams: list[torch.Generator], device) -> torch.Tensor:
+    """One float64 uniform per row, row i from streams[i]: the t-th call gives each row its t-th number."""
+    return torch.cat([torch.rand(1, 1, generator=g, device=device, dtype=torch.float64) for g in streams])
 
 
 def compile_decode(cfg: Config, device: torch.device) -> bool:
@@ -466,8 +484,9 @@ def static_decoder(model, amp) -> StaticDecoder:
 
 @torch.no_grad()
 def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
-                      generator: torch.Generator, amp) -> tuple[list[torch.Tensor], list[bool]]:
-    """All group_size rollouts of one prompt in one batched decode loop with a KV cache.
+                      streams: list[torch.Generator], amp) -> tuple[list[torch.Tensor], list[bool]]:
+    """One rollout per random stream (the group's, see rollout_streams), all of one prompt, in one
+    batched decode loop with a KV cache.
 
     Sampling settings come from cfg alone (temperature, top-p, no top-k, max_new_tokens, EOS), so
     neither transformers' defaults nor the model's generation_config can leak in. A response is
@@ -480,9 +499,9 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
     # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
     with torch.autocast(prompt_ids.device.type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext():
         if compile_decode(cfg, prompt_ids.device) and not COMPILE_FAILED:
-            state = generator.get_state()
+            states = [g.get_state() for g in streams]
             try:
-                return _generate(model, prompt_ids, cfg, eos_id, generator, amp, compiled=True)
+                return _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled=True)
             except (torch.OutOfMemoryError, Interrupted):
                 raise
             except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
@@ -490,15 +509,17 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
                 _STATIC_DECODERS.clear()
                 progress(f"compiled decoding failed ({COMPILE_FAILED[0]}); decoding eagerly from now on "
                          "(compile: false skips the attempt)")
-                generator.set_state(state)  # the eager retry draws the same random numbers
-        return _generate(model, prompt_ids, cfg, eos_id, generator, amp, compiled=False)
+                for g, state in zip(streams, states):  # the eager retry draws the same random numbers
+                    g.set_state(state)
+        return _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled=False)
 
 
 COMPILE_FAILED: list[str] = []  # why the compiled decoder failed in this process, if it did
 
 
-def _generate(model, prompt_ids, cfg, eos_id, generator, amp, compiled: bool):
-    batch = prompt_ids.unsqueeze(0).repeat(cfg.group_size, 1)  # same prompt: no padding needed
+def _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled: bool):
+    rows = len(streams)
+    batch = prompt_ids.unsqueeze(0).repeat(rows, 1)  # same prompt: no padding needed
     if compiled:
         decoder = static_decoder(model, amp)
         logits = decoder.prefill(batch, cfg.max_new_tokens)
@@ -513,11 +534,11 @@ def _generate(model, prompt_ids, cfg, eos_id, generator, amp, compiled: bool):
         def step(ids):
             with amp:
                 return model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-    tokens = torch.full((cfg.group_size, cfg.max_new_tokens), eos_id, dtype=torch.long, device=prompt_ids.device)
-    finished = torch.zeros(cfg.group_size, dtype=torch.bool, device=prompt_ids.device)
+    tokens = torch.full((rows, cfg.max_new_tokens), eos_id, dtype=torch.long, device=prompt_ids.device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=prompt_ids.device)
     steps = 0
     for t in range(cfg.max_new_tokens):
-        nxt = sample_next_token(logits, cfg.temperature, cfg.top_p, generator)
+        nxt = sample_next_token(logits, cfg.temperature, cfg.top_p, draw_uniforms(streams, prompt_ids.device))
         nxt = torch.where(finished, eos_id, nxt)
         tokens[:, t] = nxt
         finished |= nxt == eos_id
@@ -798,19 +819,6 @@ def install_signal_handlers() -> dict:
     return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
-def rng_state(generator: torch.Generator) -> dict:
-    return {"python": random.getstate(), "torch": torch.get_rng_state(), "sampling": generator.get_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def restore_rng_state(state: dict, generator: torch.Generator) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    generator.set_state(state["sampling"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def list_checkpoints(out: Path) -> list[Path]:
     """Complete checkpoints, oldest first. A half-written one never carries the final name."""
     found = [p for p in (out / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
@@ -825,8 +833,9 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(out: Path, step: int, model, optimizer, rng: dict, cfg: Config, next_record: int | None) -> Path:
-    """Weights, optimizer state, RNG states, step counter, config and the logs up to this step,
+def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_record: int | None) -> Path:
+    """Weights, optimizer state, step counter, config and the logs up to this step (no RNG state:
+    every rollout's stream is derived from (seed, step, rollout), see rollout_streams),
     written to a temporary folder, fsynced, then renamed into place: a crash mid-write leaves the
     previous checkpoints intact. Keeps the last keep_last."""
     from safetensors.torch import save_model
@@ -839,7 +848,6 @@ def save_checkpoint(out: Path, step: int, model, optimizer, rng: dict, cfg: Conf
     tmp.mkdir()
     save_model(model, str(tmp / "model.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(rng, tmp / "rng.pt")
     for name in ("metrics.jsonl", "rollouts.jsonl"):
         shutil.copyfile(out / name, tmp / name)
     (tmp / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
@@ -865,7 +873,7 @@ def next_record(problems: list[dict], steps_done: int) -> int | None:
     return problems[steps_done]["index"] if steps_done < len(problems) else None
 
 
-def load_checkpoint(ckpt: Path, out: Path, model, optimizer, generator, problems: list[dict]) -> list[dict]:
+def load_checkpoint(ckpt: Path, out: Path, model, optimizer, problems: list[dict]) -> list[dict]:
     """Restore weights, optimizer and RNG states, and the logs; return the metrics of the steps done."""
     from safetensors.torch import load_model
 
@@ -877,7 +885,6 @@ def load_checkpoint(ckpt: Path, out: Path, model, optimizer, generator, problems
 
     load_model(model, str(ckpt / "model.safetensors"), device=str(next(model.parameters()).device))
     optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
-    restore_rng_state(torch.load(ckpt / "rng.pt", weights_only=True), generator)
     for name in ("metrics.jsonl", "rollouts.jsonl"):  # drops any step logged after this checkpoint
         shutil.copyfile(ckpt / name, out / name)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -949,7 +956,7 @@ def sync(device: torch.device) -> None:
 
 
 def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, device, precision,
-               eos_id, generator, weights_before=None) -> tuple[dict, list[dict]]:
+               eos_id, weights_before=None) -> tuple[dict, list[dict]]:
     """One problem: rollouts, rewards, advantages, per-response backward, clip, one AdamW step."""
     amp = autocast(device, precision)
     timings = {}
@@ -958,7 +965,8 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
     prompt_ids = torch.tensor(problem["prompt_ids"], device=device)  # tokenized once, by check_problems
     progress(f"[step {step}] generating {cfg.group_size} rollouts (problem {problem['index']})")
     try:
-        responses, cut = generate_rollouts(model, prompt_ids, cfg, eos_id, generator, amp)
+        streams = rollout_streams(cfg.seed, step, range(cfg.group_size), device)
+        responses, cut = generate_rollouts(model, prompt_ids, cfg, eos_id, streams, amp)
     except torch.OutOfMemoryError:
         raise StopRun(f"CUDA out of memory at step {step} while generating {cfg.group_size} rollouts of up to "
                       f"{cfg.max_new_tokens} tokens after a {len(prompt_ids)}-token prompt; lower max_new_tokens "
@@ -1070,9 +1078,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path | None,
         problems: list[dict], argv: list[str]) -> int:
-    random.seed(cfg.seed)
+    random.seed(cfg.seed)  # nothing here draws from these; seeded so that nothing a model does can vary
     torch.manual_seed(cfg.seed)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
     progress(f"loading {cfg.model} on {device} ({precision})")
     model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
     problems = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings)
@@ -1082,7 +1089,7 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
 
     history = []
     if ckpt is not None:
-        history = load_checkpoint(ckpt, out, model, optimizer, generator, problems)
+        history = load_checkpoint(ckpt, out, model, optimizer, problems)
         progress(f"resumed from {ckpt} after step {len(history)}")
     print(format_header(cfg.group_size), flush=True)
     for m in history:  # a resumed run shows the whole table, as an uninterrupted one would
@@ -1094,11 +1101,10 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
     previous_handlers = install_signal_handlers()
     try:
         with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
-            boundary = rng_state(generator)  # the RNG state a checkpoint of the last completed step holds
             for step in range(len(history) + 1, len(problems) + 1):
                 try:
                     metrics, rollouts = train_step(step, problems[step - 1], model, tokenizer, params, optimizer,
-                                                   scorer, cfg, device, precision, eos_id, generator, weights_before)
+                                                   scorer, cfg, device, precision, eos_id, weights_before)
                 except Interrupted:
                     exit_code = 128 + STOP["signal"]
                     stop_reason = f"stopped by {signal.Signals(STOP['signal']).name} during step {step}"
@@ -1110,7 +1116,6 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
                 append_jsonl(out / "rollouts.jsonl", rollouts)
                 history.append(metrics)
                 print(format_row(metrics), flush=True)
-                boundary = rng_state(generator)
                 bad = 0
                 while bad < len(history) and history[-1 - bad]["skipped"]:
                     bad += 1
@@ -1121,7 +1126,7 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
                     break
                 if (cfg.save_every and step % cfg.save_every == 0) or step == len(problems) or STOP["signal"]:
                     progress(f"[step {step}] writing checkpoint")
-                    save_checkpoint(out, step, model, optimizer, boundary, cfg, next_record(problems, step))
+                    save_checkpoint(out, step, model, optimizer, cfg, next_record(problems, step))
                     last_saved = step
                 if STOP["signal"]:  # arrived during the optimizer step: the step is complete
                     exit_code = 128 + STOP["signal"]
@@ -1130,7 +1135,7 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
         if stop_reason:
             if len(history) > last_saved:
                 progress(f"writing a checkpoint of step {len(history)}")
-                save_checkpoint(out, len(history), model, optimizer, boundary, cfg, next_record(problems, len(history)))
+                save_checkpoint(out, len(history), model, optimizer, cfg, next_record(problems, len(history)))
             done = f"checkpoint of step {len(history)} in {out / 'checkpoints'}" if history else "no step completed"
             progress(f"{stop_reason}; {done}. To continue: {resume_command(argv)}")
             return exit_code

@@ -34,18 +34,17 @@ def main():
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer.step()
-    gen = torch.Generator().manual_seed(0)
     with tempfile.TemporaryDirectory(dir=args.out) as tmp:
         out = Path(tmp)
         for name in ("metrics.jsonl", "rollouts.jsonl"):
             (out / name).write_text("{}\n")
         cfg = T.Config(output_dir=str(out))
         t = time.perf_counter()
-        ckpt = T.save_checkpoint(out, 1, model, optimizer, T.rng_state(gen), cfg, None)
+        ckpt = T.save_checkpoint(out, 1, model, optimizer, cfg, None)
         write_s = time.perf_counter() - t
         size = sum(f.stat().st_size for f in ckpt.iterdir())
         t = time.perf_counter()
-        T.load_checkpoint(ckpt, out, model, optimizer, gen, [])
+        T.load_checkpoint(ckpt, out, model, optimizer, [])
         load_s = time.perf_counter() - t
     print(f"parameters {n / 1e6:.1f}M; checkpoint {size / 2**30:.2f} GiB; "
           f"write (with fsync) {write_s:.1f} s ({size / 2**20 / write_s:.0f} MiB/s); load {load_s:.1f} s")

@@ -140,7 +140,7 @@ class TrainerVariant:
                             device=str(device), precision=self.precision, compile=args.compile,
                             logprob_batch_size=args.logprob_batch_size)
         self.weights_before = T.update_norm_buffers(self.params, device)  # as run() does
-        self.generator = torch.Generator(device=device).manual_seed(0)
+        self.steps_done = 0
         self.prompt_ids, self.problem = prompt_ids.to(device), problem
         self.rewards = torch.tensor([float(x) for x in args.rewards.split(",")])
         self.scorer = T.verifier.TimedVerifier(timeout_s=2.0).__enter__()  # starts its worker now, as run() does
@@ -149,7 +149,9 @@ class TrainerVariant:
         amp, d, t = T.autocast(self.device, self.precision), self.device, {}
         t0 = time.perf_counter()
         # eos_id -1: no token stops a rollout, so every one has exactly new_tokens tokens
-        responses, _ = T.generate_rollouts(self.model, self.prompt_ids, self.cfg, -1, self.generator, amp)
+        self.steps_done += 1
+        streams = T.rollout_streams(0, self.steps_done, range(self.cfg.group_size), d)
+        responses, _ = T.generate_rollouts(self.model, self.prompt_ids, self.cfg, -1, streams, amp)
         sync(d)
         t["generation"] = time.perf_counter() - t0
         s = time.perf_counter()

@@ -87,7 +87,8 @@ def _old_sample(logits, temperature, top_p, generator):
 def test_a_fixed_seed_draws_the_same_tokens_as_the_full_sort_path(scale, top_p):
     logits = torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(3)) * scale
     for seed in range(3):
-        new = T.sample_next_token(logits, 0.8, top_p, torch.Generator().manual_seed(seed))
+        u = torch.rand(8, 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        new = T.sample_next_token(logits, 0.8, top_p, u)
         old = _old_sample(logits, 0.8, top_p, torch.Generator().manual_seed(seed))
         assert torch.equal(new, old)
 
@@ -97,7 +98,7 @@ def test_a_uniform_that_rounds_up_to_the_total_takes_the_last_kept_token(monkeyp
     almost_one = 1.0 - 2.0 ** -53
     real_rand = torch.rand
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full_like(real_rand(*a, **k), almost_one))
-    new = T.sample_next_token(logits, 1.0, 0.9, torch.Generator())
+    new = T.sample_next_token(logits, 1.0, 0.9, torch.full((2, 1), almost_one, dtype=torch.float64))
     old = _old_sample(logits, 1.0, 0.9, torch.Generator())
     assert torch.equal(new, old) and T.top_p_mask(logits, 0.9)[torch.arange(2), new].all()
 
@@ -179,7 +180,7 @@ def test_bf16_twin_computes_exactly_what_autocast_computes_from_the_float32_mast
 
 def _rollouts(model, cfg, amp, seed=0):
     responses, _ = T.generate_rollouts(model, torch.tensor([5, 17, 33, 100, 7]), cfg, -1,
-                                       torch.Generator().manual_seed(seed), amp)
+                                       T.rollout_streams(seed, 1, range(cfg.group_size), "cpu"), amp)
     return [r.tolist() for r in responses]
 
 

@@ -93,8 +93,8 @@ def test_responses_stop_at_the_first_eos_and_exclude_padding(tiny_model):
     model, _ = tiny_model
     cfg = T.Config(group_size=6, max_new_tokens=4, temperature=1.0, top_p=0.9)
     scripted = _ScriptedModel(model.config)
-    gen = torch.Generator().manual_seed(0)
-    responses, cut = T.generate_rollouts(scripted, torch.tensor([1, 2, 3]), cfg, 0, gen, T.nullcontext())
+    streams = T.rollout_streams(0, 1, range(6), "cpu")
+    responses, cut = T.generate_rollouts(scripted, torch.tensor([1, 2, 3]), cfg, 0, streams, T.nullcontext())
     assert [r.tolist() for r in responses] == [[0], [5, 0], [5, 5, 0], [5, 5, 5, 0], [5, 5, 5, 5], [5, 5, 5, 5]]
     assert cut == [False, False, False, False, True, True]
 
@@ -103,8 +103,27 @@ def test_generation_stops_early_when_every_rollout_has_ended(tiny_model):
     model, _ = tiny_model
     cfg = T.Config(group_size=3, max_new_tokens=50, temperature=1.0, top_p=1.0)
     scripted = _ScriptedModel(model.config)
-    responses, cut = T.generate_rollouts(scripted, torch.tensor([1]), cfg, 0, torch.Generator(), T.nullcontext())
+    responses, cut = T.generate_rollouts(scripted, torch.tensor([1]), cfg, 0, T.rollout_streams(0, 1, range(3), "cpu"),
+                                         T.nullcontext())
     assert scripted.step == 3 and [len(r) for r in responses] == [1, 2, 3] and not any(cut)
+
+
+def test_each_rollout_has_its_own_stream_whatever_shares_its_batch(tiny_model):
+    """Rollout i of step s draws from the stream (seed, step, i): decoding rollouts 0-3 together,
+    2-3 alone or 3 alone gives the same tokens for each (this is what makes ranks interchangeable)."""
+    model, _ = tiny_model
+    cfg = T.Config(group_size=4, max_new_tokens=12, temperature=1.0, top_p=0.95, device="cpu")
+    prompt = torch.tensor([5, 17, 33, 100, 7])
+
+    def decode(rows, seed=0, step=3):
+        responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(seed, step, rows, "cpu"),
+                                           T.nullcontext())
+        return [r.tolist() for r in responses]
+    whole = decode(range(4))
+    assert decode([2, 3]) == whole[2:] and decode([3]) == whole[3:]
+    assert len({tuple(r) for r in whole}) == 4  # four different streams, four different rollouts
+    assert decode(range(4), step=4) != whole and decode(range(4), seed=1) != whole
+    assert T.stream_seed(0, "rollout", 3, 1) == T.stream_seed(0, "rollout", 3, 1) != T.stream_seed(0, "rollout", 1, 3)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -212,10 +231,10 @@ def test_the_sign_is_right_reward_rises_and_falls_with_flipped_advantages(tiny_m
     opt = torch.optim.AdamW(params, lr=2e-2)
     cfg = T.Config(group_size=8, max_new_tokens=1, temperature=1.0, top_p=1.0)
     prompt = torch.tensor([10, 20, 30])
-    gen = torch.Generator().manual_seed(0)
     start = _prob_even(model, prompt)
-    for _ in range(40):
-        responses, _ = T.generate_rollouts(model, prompt, cfg, -1, gen, T.nullcontext())
+    for step in range(1, 41):
+        responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, step, range(8), "cpu"),
+                                           T.nullcontext())
         rewards = torch.tensor([float(r[0] % 2 == 0) for r in responses])
         adv = sign * T.compute_advantages(rewards, 1e-4)
         T.accumulate_policy_gradient(model, params, prompt, responses, adv, 8, T.nullcontext())
@@ -230,6 +249,11 @@ def test_the_sign_is_right_reward_rises_and_falls_with_flipped_advantages(tiny_m
 
 # ----------------------------------------------------------------------------------------------
 # Sampling: temperature and top-p, no top-k, equal to transformers' warpers
+
+
+def _u(logits, seed):
+    """One float64 uniform per row of logits, from a seeded generator."""
+    return torch.rand(logits.shape[0], 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def _hf_probs(logits, temperature, top_p):
@@ -273,16 +297,16 @@ def test_kept_set_and_probabilities_equal_transformers(top_p, temperature):
 def test_fast_top_p_takes_the_same_tokens_as_the_full_sort(monkeypatch):
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(64, 4000, generator=g) * 5
-    fast = [T.sample_next_token(logits, 0.8, 0.9, torch.Generator().manual_seed(s)) for s in range(5)]
+    fast = [T.sample_next_token(logits, 0.8, 0.9, _u(logits, s)) for s in range(5)]
     monkeypatch.setattr(T, "top_p_mask", lambda scores, top_p: T.top_p_reference(scores, top_p))
-    slow = [T.sample_next_token(logits, 0.8, 0.9, torch.Generator().manual_seed(s)) for s in range(5)]
+    slow = [T.sample_next_token(logits, 0.8, 0.9, _u(logits, s)) for s in range(5)]
     assert all(torch.equal(a, b) for a, b in zip(fast, slow))
 
 
 def test_no_top_k_a_flat_nucleus_keeps_far_more_than_50_tokens():
     kept = T.top_p_mask(torch.zeros(1, 1000), 0.9)
     assert kept.sum().item() >= 900  # transformers' default top-k would have kept 50
-    draws = torch.stack([T.sample_next_token(torch.zeros(1, 1000), 0.8, 0.9, torch.Generator().manual_seed(s))
+    draws = torch.stack([T.sample_next_token(torch.zeros(1, 1000), 0.8, 0.9, _u(torch.zeros(1, 1000), s))
                          for s in range(400)])
     assert draws.unique().numel() > 250
 
@@ -291,14 +315,14 @@ def test_draws_follow_the_temperature_and_top_p_distribution():
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(20000, 1)
     temperature, top_p = 0.7, 0.9
     expected, kept = _hf_probs(logits[:1], temperature, top_p)
-    tokens = T.sample_next_token(logits, temperature, top_p, torch.Generator().manual_seed(0))
+    tokens = T.sample_next_token(logits, temperature, top_p, _u(logits, 0))
     freq = torch.bincount(tokens, minlength=6).double() / len(tokens)
     sigma = torch.sqrt(expected[0].double() * (1 - expected[0].double()) / len(tokens))
     assert (freq - expected[0]).abs().le(4 * sigma + 1e-12).all(), (freq, expected)
     assert freq[~kept[0]].sum().item() == 0.0  # nothing outside the nucleus
     assert freq[kept[0]].gt(0).all()
     # a different temperature gives a measurably different distribution
-    hot = T.sample_next_token(logits, 2.0, 1.0, torch.Generator().manual_seed(0))
+    hot = T.sample_next_token(logits, 2.0, 1.0, _u(logits, 0))
     assert torch.bincount(hot, minlength=6)[5].item() > 500
 
 
