@@ -18,8 +18,11 @@ Equivalence policy
     ``\\tfrac``, ``1/2``; decimals are exact fractions (``0.75`` == 3/4, ``0.333`` != 1/3,
     ``6.67`` != 20/3); repeating decimals (``0.\\overline{3}``); scientific notation
     (``1.5\\times10^{-5}``, ``1.5e-5``); thousands separators in groups of three (``1,000``,
-    ``1{,}000``, ``1\\,000``, ``1 000``, ``42,\\!409``; a comma followed by a space, or groups
-    that are not three digits, make a list instead); mixed numbers (``10\\frac{1}{12}`` and
+    ``1{,}000``, ``1\\,000``, ``1 000``, ``42,\\!409``; a comma followed by a space, groups
+    that are not three digits, or a first group that starts with 0 make a list instead:
+    ``0,111`` is the list 0, 111, never 111; a typographic ``{,}`` or ``,\\!`` is never a list
+    separator, so where it is not grouping (``0{,}111``, the decimal comma ``1{,}5``) the answer
+    is refused); mixed numbers (``10\\frac{1}{12}`` and
     ``10 \\frac{1}{12}`` are 121/12, but ``10\\cdot\\frac1{12}`` is 10/12, and an improper
     ``2\\frac{3}{2}`` is the product 3); leading ``+``, ``-0``,
     ``.5``, ``12.0``.
@@ -231,8 +234,14 @@ _BARE_AND_RE = re.compile(r"(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])")
 _SPACING_RE = re.compile(
     r"\\\\|\\(?:[,;: !]|q?quad(?![A-Za-z])|enspace(?![A-Za-z])|thinspace(?![A-Za-z]))|~")
 _COMMAS_RE = re.compile(r",(?:\s*,)+")
-_THOU_RE = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])")
-_SPACE_THOU_RE = re.compile(r"(?<![0-9.])[0-9]{1,3}(?: [0-9]{3})+(?![0-9])")
+# A typographic comma ({,} or ",\!") is number punctuation, never a list separator; _clean marks
+# it with a control character (refused in any input, so it cannot be forged) until the thousands
+# pass has used it. One left over is not grouping (``0{,}5`` is a decimal comma) and refuses.
+_TYPO_COMMA = "\x01"
+# The first group of a thousands grouping never starts with 0: ``0,111`` and ``012,345`` are
+# lists (like ``1,2``), never 111 or 12345.
+_THOU_RE = re.compile(r"(?<![0-9.,\x01])[1-9][0-9]{0,2}(?:[,\x01][0-9]{3})+(?![0-9])")
+_SPACE_THOU_RE = re.compile(r"(?<![0-9.])[1-9][0-9]{0,2}(?: [0-9]{3})+(?![0-9])")
 _UNIT_WORDS = (
     r"percent|percentage\s+points|points?|degrees?|radians?|dollars?|cents?|euros?|yuan|"
     r"pounds?|units?|miles?|mph|inches|inch|feet|foot|ft|yards?|meters?|metres?|"
@@ -251,7 +260,7 @@ def _strip_bare_unit(s):
 
 
 def _join_thousands(s):
-    if "," not in s:
+    if "," not in s and _TYPO_COMMA not in s:
         return s
     depth = [0] * (len(s) + 1)
     d = 0
@@ -274,9 +283,12 @@ def _join_thousands(s):
         i += 1
 
     def repl(m):
-        if depth[m.start()] == 0:
-            return m.group().replace(",", "")
-        return m.group()
+        # plain commas group only at the top level (inside brackets they separate entries);
+        # typographic ones group everywhere
+        g = m.group()
+        if depth[m.start()] == 0 or "," not in g:
+            return g.replace(",", "").replace(_TYPO_COMMA, "")
+        return g
 
     return _THOU_RE.sub(repl, s)
 
@@ -296,8 +308,8 @@ def _clean(s):
     s = re.sub(r"\\(?:hspace|vspace|phantom|hphantom)\*?\s*\{[^{}]*\}", " ", s)
     s = _DEGREE_RE.sub("", s)
     s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("$", "")
-    s = s.replace("{,}", ",")
-    s = re.sub(r",\s*\\!\s*", ",", s)
+    s = s.replace("{,}", _TYPO_COMMA)
+    s = re.sub(r",\s*\\!\s*", _TYPO_COMMA, s)
     s = _SPACING_RE.sub(lambda m: m.group() if m.group() == "\\\\" else
                         ("" if m.group() == "\\!" else " "), s)
     s = _TEXT_AND_RE.sub(",", s)
