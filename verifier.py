@@ -45,8 +45,9 @@ Equivalence policy
   * Tuples and points are ordered; intervals compare both endpoints AND bracket types
     (``[0,3)`` != ``[0,3]`` != ``(0,3)``); ``(a,b)`` is both the point and the open interval;
     unions of intervals compare as unordered sets of pieces; single-variable inequalities become
-    intervals (``-793 < a < 10`` == ``(-793,10)``, ``x \\ge 5`` == ``[5,\\infty)``); ``x \\in S``
-    answers ``S``.
+    intervals (``-793 < a < 10`` == ``(-793,10)``, ``x \\ge 5`` == ``[5,\\infty)``), and so does
+    a linear ``\\ne`` (``\\neq``, ``!=``, the sign): ``x \\ne 3`` == ``(-\\infty,3)\\cup(3,\\infty)``,
+    never ``3`` or ``x = 3``; ``x \\in S`` answers ``S``.
   * Comma lists and ``\\{...\\}`` sets are unordered and must match exactly (no subset, no
     superset; duplicates collapse; a one-element set equals its element): ``2, 3, \\text{ and } 4``
     is the list 2, 3, 4; ``a \\pm b`` is the list a+b, a-b (so ``\\pm 2`` is wrong for ``2``).
@@ -1517,9 +1518,11 @@ def _inequality(parts, rels):
             raise _Refuse
         bound = _chk(-f0 / slope)
         rel = rels[0]
+        b = ("k", bound)
+        if rel == "ne":  # the line without one point: the same set whichever way round
+            return ("union", (_interval("(", _NEG_INF, b, ")"), _interval("(", b, _POS_INF, ")")))
         if slope < 0:
             rel = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}[rel]
-        b = ("k", bound)
         if rel == "lt":
             return _interval("(", _NEG_INF, b, ")")
         if rel == "le":
@@ -1550,7 +1553,7 @@ def _item(toks):
     rels = [t[1] for t in seps]
     if all(r == "eq" for r in rels):
         return _equality(parts)
-    if all(r in ("lt", "le", "gt", "ge") for r in rels):
+    if all(r in ("lt", "le", "gt", "ge") for r in rels) or rels == ["ne"]:
         return _inequality(parts, rels)
     if rels == ["in"] and _simple_lhs(parts[0]) == "var":
         return _union_or_expr(parts[1])

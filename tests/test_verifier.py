@@ -291,6 +291,21 @@ CATEGORIES = {
          ("0,\\!111", "111"), ("0\\,111", "111"), ("0 111", "111"), ("012,345", "12345"),
          ("1{,}5", "1, 5"), ("1{,}5", "1.5")],
     ),
+    # x != c is the line without the point c, like the other inequalities a set: the letter
+    # is not compared, the excluded point and the kind of relation are
+    "not_equal_relation": (
+        [("x \\neq 3", "x \\ne 3"), ("x \\ne 3", "x \\neq 3"), ("x != 3", "x \\neq 3"),
+         ("x \u2260 3", "x \\ne 3"), ("3 \\neq x", "x \\ne 3"), ("2x \\neq 6", "x \\neq 3"),
+         ("x \\neq 3", "(-\\infty,3)\\cup(3,\\infty)"), ("(3,\\infty)\\cup(-\\infty,3)", "x \\ne 3"),
+         ("x \\in (-\\infty,3)\\cup(3,\\infty)", "x\\neq 3"), ("x \\neq \\frac12", "x \\ne 0.5"),
+         ("a \\neq 3", "x \\neq 3"), ("x \\ne 3, x \\ne 5", "x \\neq 5, x \\neq 3")],
+        [("x \\neq 3", "3"), ("3", "x \\neq 3"), ("x = 3", "x \\neq 3"), ("x \\neq 3", "x = 3"),
+         ("x \\neq -3", "x \\neq 3"), ("x \\neq 3", "x < 3"), ("x \\ne 3", "x > 3"),
+         ("x \\neq 3", "(-\\infty,3]\\cup[3,\\infty)"), ("x \\neq 3", "x \\neq 3, x \\neq 5"),
+         ("1 \\ne x \\ne 3", "x \\ne 3"), ("x \\neq 0.333", "x \\neq \\frac13"),
+         ("x^2 \\neq 4", "x \\neq 2"), ("x \\neq \\pm 2", "x \\neq 2"), ("x \\neq 3", "\\{3\\}"),
+         ("x != 4", "x \\neq 3")],
+    ),
 }
 
 
