@@ -42,6 +42,14 @@ Equivalence policy
   * ``x = 5`` answers ``5`` (left side a single variable with a constant right side, a function
     like ``f(x)``, or a tuple of variables); ``k = -\\frac{33}{2} = -16.5`` is accepted because all
     parts agree; a chain whose parts disagree (``5=3``, ``x=5=3``) is a false statement and wrong.
+  * An exact value followed by an approximation (``\\frac{\\sqrt3}{3} \\approx 0.577``,
+    ``x = 2\\sqrt{30} \\approx 11``, the sign too) answers its exact part, provided the plain
+    decimal is a correct rounding of it: the exact value rounded to the decimal's own number of
+    digits after the point, either direction only at an exact tie (``\\frac18 \\approx 0.12`` and
+    ``0.13``); ``0.58`` rounds 0.57735 correctly, ``0.57`` and ``0.5773`` (truncations) and
+    ``0.578`` do not. A wrong rounding makes the whole answer wrong. Checked up to 30 digits
+    after the point and values below 10^15, else refused. ``x \\approx 11`` alone, or the decimal
+    alone, against an exact reference stays wrong.
   * Tuples and points are ordered; intervals compare both endpoints AND bracket types
     (``[0,3)`` != ``[0,3]`` != ``(0,3)``); ``(a,b)`` is both the point and the open interval;
     unions of intervals compare as unordered sets of pieces; single-variable inequalities become
@@ -107,6 +115,8 @@ MAX_EXP_ARG = 9000
 MAX_VARS = 16
 MAX_ITEMS = 64
 MAX_PM_EXPANSION = 16
+MAX_APPROX_PLACES = 30  # digits after the point of a checked approximation
+MAX_APPROX_MAG = 10 ** 15  # 60-digit values decide roundings exactly below this
 
 _CTX = MPContext()
 _CTX.dps = 60
@@ -222,7 +232,7 @@ def _extract(text):
 _UNICODE = [
     ("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "\\times "), ("\u22c5", "\\cdot "),
     ("\u00b7", "\\cdot "), ("\u00f7", "\\div "), ("\u2264", "\\le "), ("\u2265", "\\ge "),
-    ("\u2260", "\\ne "), ("\u221e", "\\infty "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "),
+    ("\u2260", "\\ne "), ("\u2248", "\\approx "), ("\u221e", "\\infty "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "),
     ("\u222a", "\\cup "), ("\u00b1", "\\pm "), ("\u00b0", ""), ("\u20ac", ""), ("\u00a3", ""),
 ]
 _LEFTRIGHT_RE = re.compile(
@@ -365,7 +375,7 @@ _FUNCS = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan"
           "cosh", "tanh", "ln", "log", "exp"}
 _REL_CMDS = {"le": "le", "leq": "le", "leqslant": "le", "ge": "ge", "geq": "ge",
              "geqslant": "ge", "lt": "lt", "gt": "gt", "ne": "ne", "neq": "ne", "in": "in",
-             "approx": "bad", "sim": "bad", "equiv": "bad", "to": "bad", "rightarrow": "bad",
+             "approx": "approx", "sim": "bad", "equiv": "bad", "to": "bad", "rightarrow": "bad",
              "Rightarrow": "bad", "implies": "bad", "subset": "bad", "subseteq": "bad"}
 _MATRIX_ENVS = {"pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix", "array"}
 _NUM_RE = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
@@ -1544,6 +1554,49 @@ def _inequality(parts, rels):
     raise _Refuse
 
 
+def _approx_decimal(toks):
+    """(value, digits after the point) of a plain decimal such as 0.577, -1.41 or 11."""
+    neg = bool(toks) and toks[0] == ("op", "-")
+    if neg:
+        toks = toks[1:]
+    if len(toks) != 1 or toks[0][0] != "num" or toks[0][1][1] is not None or toks[0][1][2] is not None:
+        raise _Refuse
+    t = toks[0][1][0]
+    places = len(t.split(".")[1]) if "." in t else 0
+    if places > MAX_APPROX_PLACES:
+        raise _Refuse
+    v = _num_value(toks[0][1])
+    return (-v if neg else v), places
+
+
+def _approximated(parts, rels):
+    """``exact \\approx decimal`` (the exact part may be a labelled or agreeing = chain): the
+    exact part, provided the decimal is a correct rounding of it, i.e. within half a unit of its
+    last digit (so either direction at an exact tie). A wrong rounding is a false statement and
+    refuses, like 5=3; an approximation alone (x \\approx 11) has no exact part and refuses."""
+    if len(parts) < 2 or any(r != "eq" for r in rels[:-1]):
+        raise _Refuse
+    exact = parts[:-1]
+    c = _equality(exact) if len(exact) > 1 else _union_or_expr(exact[0])
+    node = c[1] if c[0] == "expr" else None
+    if node is None or _vars(node) or _has_kind(node, "pm"):
+        raise _Refuse
+    v = _value(node, {})
+    d, places = _approx_decimal(parts[-1])
+    half = Fraction(1, 2 * 10 ** places)
+    if isinstance(v, Fraction):
+        ok = abs(v) < MAX_APPROX_MAG and abs(v - d) <= half
+    else:
+        if isinstance(v, _Inf) or _CTX.im(v) != 0 or not abs(v) < MAX_APPROX_MAG:
+            raise _Refuse
+        # 60 digits below 10^15 err by under 1e-42; the 1e-40 slack only lets a value that is
+        # really a tie (sin(pi/6) = 0.5 computed in floating point) round either way
+        ok = abs(_CTX.re(v) - _mp(d)) <= _mp(half) + _CTX.mpf(10) ** -40
+    if not ok:
+        raise _Refuse
+    return c
+
+
 def _item(toks):
     parts, seps = _split_top(toks, lambda t: t[0] == "rel")
     if any(not p for p in parts):
@@ -1551,6 +1604,8 @@ def _item(toks):
     if not seps:
         return _union_or_expr(toks)
     rels = [t[1] for t in seps]
+    if rels[-1] == "approx":
+        return _approximated(parts, rels)
     if all(r == "eq" for r in rels):
         return _equality(parts)
     if all(r in ("lt", "le", "gt", "ge") for r in rels) or rels == ["ne"]:

@@ -306,6 +306,38 @@ CATEGORIES = {
          ("x^2 \\neq 4", "x \\neq 2"), ("x \\neq \\pm 2", "x \\neq 2"), ("x \\neq 3", "\\{3\\}"),
          ("x != 4", "x \\neq 3")],
     ),
+    # exact \approx decimal: the exact part is the answer; the decimal must be the exact value
+    # rounded to the decimal's own number of digits (either way at a tie), else the whole answer
+    # is a false statement; the approximation alone, or instead of the exact part, stays wrong
+    "exact_then_approximation": (
+        [("\\frac{\\sqrt3}{3} \\approx 0.577", "\\frac{\\sqrt3}{3}"),
+         ("\\frac{\\sqrt{3}}{3}", "\\frac{\\sqrt3}{3} \\approx 0.577"),
+         ("x = 2\\sqrt{30} \\approx 11", "2\\sqrt{30}"), ("\\frac{\\sqrt3}{3} \\approx 0.58", "\\frac{1}{\\sqrt3}"),
+         ("\\frac{\\sqrt3}{3} \\approx 0.5774", "\\frac{\\sqrt3}{3}"), ("\\frac{\\sqrt3}{3} \\approx 0.6", "\\frac{\\sqrt3}{3}"),
+         ("\\frac{\\sqrt3}{3} \u2248 0.577", "\\frac{\\sqrt3}{3}"), ("\\frac{2}{3} \\approx 0.67", "\\frac23"),
+         ("\\frac23", "\\$\\dfrac23 \\approx \\$0.67"), ("\\frac18 \\approx 0.13", "\\frac18"),
+         ("\\frac18 \\approx 0.12", "\\frac18"), ("\\frac{\\sin\\frac{\\pi}{6}}{2} \\approx 0.2", "\\frac14"),
+         ("-\\sqrt2 \\approx -1.414", "-\\sqrt2"), ("\\pi \\approx 3.1416", "\\pi"),
+         ("x = \\frac{32}{3} \\approx 10.67", "\\frac{32}{3}"), ("\\frac13 \\approx 0.333", "\\frac{1}{3}"),
+         ("\\frac{\\sqrt3}3 = \\frac{1}{\\sqrt3} \\approx 0.577", "\\frac{\\sqrt3}{3}"),
+         ("\\sqrt2 \\approx 1.41, \\sqrt3 \\approx 1.73", "\\sqrt3, \\sqrt2"),
+         ("2\\sqrt{30} \\approx 10.95 \\text{ cm}", "2\\sqrt{30}")],
+        [("\\frac{\\sqrt3}{3} \\approx 0.578", "\\frac{\\sqrt3}{3}"), ("\\frac{\\sqrt3}{3} \\approx 0.57", "\\frac{\\sqrt3}{3}"),
+         ("\\frac{\\sqrt3}{3} \\approx 0.5773", "\\frac{\\sqrt3}{3}"), ("\\frac{\\sqrt3}{3} \\approx 0.5770", "\\frac{\\sqrt3}{3}"),
+         ("\\frac{\\sqrt3}{3} \\approx 0.5", "\\frac{\\sqrt3}{3}"), ("x \\approx 0.577", "\\frac{\\sqrt3}{3}"),
+         ("\\approx 0.577", "\\frac{\\sqrt3}{3}"), ("0.577", "\\frac{\\sqrt3}{3} \\approx 0.577"),
+         ("\\frac{\\sqrt3}{3} \\approx 0.577", "0.577"), ("x \\approx 11", "2\\sqrt{30}"),
+         ("x = 2\\sqrt{30} \\approx 10", "2\\sqrt{30}"), ("x = 2\\sqrt{30} \\approx 11", "11"),
+         ("11", "x = 2\\sqrt{30} \\approx 11"), ("2\\sqrt{30} \\approx 11", "\\sqrt{30}"),
+         ("-\\sqrt2 \\approx 1.414", "-\\sqrt2"), ("\\frac18 \\approx 0.14", "\\frac18"),
+         ("\\frac{\\sin\\frac{\\pi}{6}}{2} \\approx 0.4", "\\frac14"), ("\\pi \\approx 3.1415", "\\pi"),
+         ("\\sqrt2 \\approx 1.41, \\sqrt3 \\approx 1.74", "\\sqrt2, \\sqrt3"),
+         ("\\sqrt2 \\approx 1.41 \\approx 1.4", "\\sqrt2"), ("\\sqrt2 \\approx 1.41 = 1.41", "\\sqrt2"),
+         ("\\frac{\\sqrt3}3 = \\frac{1}{\\sqrt2} \\approx 0.577", "\\frac{\\sqrt3}{3}"),
+         ("\\frac13 \\approx 3.33e-1", "\\frac13"), ("x+1 \\approx 2", "x+1"),
+         ("1\\pm\\sqrt2 \\approx 2.41", "1\\pm\\sqrt2"),
+         ("\\sqrt2 \\approx 1.4142135623730950488016887242097", "\\sqrt2")],
+    ),
 }
 
 
