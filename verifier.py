@@ -36,9 +36,14 @@ Equivalence policy
     ``e`` is Euler's number and ``i`` the imaginary unit; ``\\log`` without a base is natural.
   * Presentation is ignored: ``\\left``/``\\right``, spacing commands, ``\\displaystyle``,
     ``\\text{}``/``\\mathrm{}``/``\\mbox{}`` around a number or a unit word after it
-    (``2 \\text{ euros}``, ``10\\text{ cm}^2``), a short list of bare unit words at the end
-    (``125 miles``, ``28 percent``), ``^\\circ`` and the degree sign, ``\\$``, ``\\%``.
-    A bare single letter is always a variable, never a unit: ``2c`` != ``2``, ``a+c`` != ``a+d``.
+    (``2 \\text{ euros}``, ``10\\text{ cm}^2``), ``^\\circ`` and the degree sign, ``\\$``, ``\\%``,
+    and a list of bare spelled-out units and percent words (``125 miles``, ``12 centimeters``,
+    ``4 square feet``, ``60 miles per hour``, ``28 percent``, ``5 pct``, ``5 percentage points``)
+    right after a quantity (a number, a closing bracket, ``\\pi`` or a one-letter variable:
+    ``2x+6 cm``) at the end of the answer or of a list item (``3 cm, 4 cm``). A bare single
+    letter is always a variable, never a unit: ``2c`` != ``2``, ``5 g`` != ``5``, ``a+c`` !=
+    ``a+d``; other words are not units (``5 apples`` != ``5``), and a word that follows no
+    quantity stays (the text answer ``percentage points``).
   * ``x = 5`` answers ``5`` (left side a single variable with a constant right side, a function
     like ``f(x)``, or a tuple of variables); ``k = -\\frac{33}{2} = -16.5`` is accepted because all
     parts agree; a chain whose parts disagree (``5=3``, ``x=5=3``) is a false statement and wrong.
@@ -253,21 +258,27 @@ _TYPO_COMMA = "\x01"
 # lists (like ``1,2``), never 111 or 12345.
 _THOU_RE = re.compile(r"(?<![0-9.,\x01])[1-9][0-9]{0,2}(?:[,\x01][0-9]{3})+(?![0-9])")
 _SPACE_THOU_RE = re.compile(r"(?<![0-9.])[1-9][0-9]{0,2}(?: [0-9]{3})+(?![0-9])")
+# Spelled-out units and percent words, read only right after a number. Never a single letter
+# (2c, 2m, 5 g stay products with a variable); words that are not units (apples) stay letters.
 _UNIT_WORDS = (
-    r"percent|percentage\s+points|points?|degrees?|radians?|dollars?|cents?|euros?|yuan|"
-    r"pounds?|units?|miles?|mph|inches|inch|feet|foot|ft|yards?|meters?|metres?|"
-    r"centimeters?|cm|mm|km|kilometers?|kg|grams?|hours?|hrs?|minutes?|mins?|seconds?|"
-    r"secs?|days?|weeks?|months?|years?|people|students|ways")
-_BARE_UNIT_RE = re.compile(
-    r"([0-9}\s])\s*(?:(?:square|sq\.?|cubic)\s+)?(?:" + _UNIT_WORDS + r")"
-    r"(?:\s*\^\s*\{?\s*[23]\s*\}?)?\s*$", re.I)
-
-
-def _strip_bare_unit(s):
-    """Drop a unit word at the end ('125 miles', '28 percent'); only the short tail is searched
-    so the regex stays linear."""
-    head, tail = s[:-60], s[-60:]
-    return head + _BARE_UNIT_RE.sub(lambda m: m.group(1), tail)
+    r"percentage\s+points?|percentages?|percent|per\s*cent|pct|points?|pts|"
+    r"degrees?|deg|radians?|rad|dollars?|cents?|euros?|yuan|yen|pounds?|rupees?|"
+    r"units?|people|persons?|students|ways|"
+    r"miles?|inches|inch|feet|foot|ft|yards?|yds?|meters?|metres?|centimeters?|centimetres?|"
+    r"cm|millimeters?|millimetres?|mm|kilometers?|kilometres?|km|"
+    r"kilograms?|kg|grams?|milligrams?|mg|ounces?|oz|lbs?|tons?|tonnes?|"
+    r"liters?|litres?|milliliters?|millilitres?|ml|gallons?|quarts?|pints?|cups?|acres?|"
+    r"hectares?|hours?|hrs?|minutes?|mins?|seconds?|secs?|days?|weeks?|months?|years?|yrs?|"
+    r"mph|kph")
+# After a digit, }, ), ], !, \pi or a one-letter variable and a space (2x+6 cm), never after a
+# longer word (the text answer 'percentage points' keeps both words) nor a backslash (\sec,
+# \min are commands), and before the end of the answer or of a list item or bracket, so only the
+# unit of a quantity is dropped ('125 miles', '3 cm, 4 cm', '(2 ft, 3 ft)', '5 miles per hour').
+# Each candidate start is anchored by the look-behind, so the scan stays linear.
+_UNIT_RE = re.compile(
+    r"(?:(?<=[0-9})\]!])|(?<=\\pi)|(?<=(?<![A-Za-z\\])[A-Za-z] ))\s*(?:(?:square|sq\.?|cubic)\s+)?(?:" + _UNIT_WORDS + r")"
+    r"(?:\s+per\s+(?:" + _UNIT_WORDS + r"))?(?![A-Za-z])(?:\s*\^\s*\{?\s*[23]\s*\}?)?"
+    r"(?=\s*(?:$|[,;)\]]|\\\}))", re.I)
 
 
 def _join_thousands(s):
@@ -328,7 +339,7 @@ def _clean(s):
     s = _COMMAS_RE.sub(",", s)
     s = _join_thousands(s)
     s = _SPACE_THOU_RE.sub(lambda m: m.group().replace(" ", ""), s)
-    s = _strip_bare_unit(s)
+    s = _UNIT_RE.sub("", s)
     s = s.strip()
     if s.endswith("."):
         s = s[:-1].strip()

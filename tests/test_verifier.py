@@ -338,6 +338,22 @@ CATEGORIES = {
          ("1\\pm\\sqrt2 \\approx 2.41", "1\\pm\\sqrt2"),
          ("\\sqrt2 \\approx 1.4142135623730950488016887242097", "\\sqrt2")],
     ),
+    # spelled-out units and percent words right after a quantity are presentation, as \% is;
+    # single letters stay variables, other words stay letters, a text answer keeps its words
+    "unit_and_percent_words": (
+        [("5 pct", "5\\%"), ("5 percentage", "5\\%"), ("5 percentage points", "5"), ("5 per cent", "5\\%"),
+         ("12 centimeters", "12"), ("12 cm", "12\\text{ cm}"), ("3 kilograms", "3"), ("2.5 liters", "\\frac52"),
+         ("4 square feet", "4"), ("10 sq units", "10"), ("27 cubic inches", "27"), ("60 miles per hour", "60"),
+         ("60 mph", "60"), ("3 cm, 4 cm", "3, 4"), ("(2 ft, 3 ft)", "(2,3)"), ("2\\pi meters", "2\\pi"),
+         ("\\frac{1}{2} hours", "\\frac12"), ("30 MINUTES", "30"), ("\\frac{\\pi}{2} rad", "\\frac\\pi2"),
+         ("2x+6 cm", "2x+6"), ("[0,1] cm", "[0,1]"), ("7 pts", "7"),
+         ("percentage points", "\\text{percentage points}")],
+        [("2c", "2"), ("2m", "2"), ("5 g", "5"), ("5 s", "5"), ("5 h", "5"), ("5 apples", "5"),
+         ("5 pct", "0.05"), ("5 percent", "0.05"), ("5 pct", "6"), ("5 pctx", "5"), ("5 cm + 3", "8"),
+         ("5 cm + 3", "5"), ("2xcm", "2x"), ("2 sec x", "2"), ("2\\sec", "2"), ("2\\min", "2"),
+         ("5 km/h", "5"), ("3 cm, 4", "3, 5"), ("12 centimeters", "1.2"), ("\\text{percentage points}", "5"),
+         ("percentage points", "percentage"), ("\\text{percent}", "\\text{percentage points}")],
+    ),
 }
 
 
