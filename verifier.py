@@ -61,10 +61,13 @@ Equivalence policy
     intervals (``-793 < a < 10`` == ``(-793,10)``, ``x \\ge 5`` == ``[5,\\infty)``), and so does
     a linear ``\\ne`` (``\\neq``, ``!=``, the sign): ``x \\ne 3`` == ``(-\\infty,3)\\cup(3,\\infty)``,
     never ``3`` or ``x = 3``; ``x \\in S`` answers ``S``.
-  * Comma lists and ``\\{...\\}`` sets are unordered and must match exactly (no subset, no
+  * Comma (or semicolon) lists and ``\\{...\\}`` sets are unordered and must match exactly (no subset, no
     superset; duplicates collapse; a one-element set equals its element): ``2, 3, \\text{ and } 4``
     is the list 2, 3, 4; ``a \\pm b`` is the list a+b, a-b (so ``\\pm 2`` is wrong for ``2``).
-    A tuple is never equal to a set.
+    A tuple is never equal to a set. A semicolon separates like a comma, at the top level and
+    inside brackets (``1; 2`` == ``1, 2``, ``(1; 2)`` == ``(1, 2)``, ``[0; 3)`` == ``[0,3)``), but
+    where semicolons separate, a comma may be a decimal mark: no comma groups thousands then,
+    and a level that mixes the two separators is refused (``1,5; 2``, ``(1,5; 2)``, ``1,000; 2``).
   * Matrices (``pmatrix``, ``bmatrix``, ``matrix``, ``array``) compare entry by entry; a single
     row or column matrix also equals the tuple of its entries.
   * Numbers with a base subscript (``204_5``) equal only the same value in the same base.
@@ -250,6 +253,7 @@ _BARE_AND_RE = re.compile(r"(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])")
 _SPACING_RE = re.compile(
     r"\\\\|\\(?:[,;: !]|q?quad(?![A-Za-z])|enspace(?![A-Za-z])|thinspace(?![A-Za-z]))|~")
 _COMMAS_RE = re.compile(r",(?:\s*,)+")
+_SEMIS_RE = re.compile(r";(?:\s*;)+")
 # A typographic comma ({,} or ",\!") is number punctuation, never a list separator; _clean marks
 # it with a control character (refused in any input, so it cannot be forged) until the thousands
 # pass has used it. One left over is not grouping (``0{,}5`` is a decimal comma) and refuses.
@@ -283,6 +287,10 @@ _UNIT_RE = re.compile(
 
 def _join_thousands(s):
     if "," not in s and _TYPO_COMMA not in s:
+        return s
+    if ";" in s:
+        # semicolons separate items where the comma is the decimal mark (1,5; 2): no comma
+        # groups thousands then, and one left over refuses (separators of two kinds)
         return s
     depth = [0] * (len(s) + 1)
     d = 0
@@ -334,9 +342,12 @@ def _clean(s):
     s = re.sub(r",\s*\\!\s*", _TYPO_COMMA, s)
     s = _SPACING_RE.sub(lambda m: m.group() if m.group() == "\\\\" else
                         ("" if m.group() == "\\!" else " "), s)
-    s = _TEXT_AND_RE.sub(",", s)
-    s = _BARE_AND_RE.sub(",", s)
+    # "and" joins items with the answer's own separator, so 1; 2 and 3 stays one kind of list
+    sep = ";" if ";" in s else ","
+    s = _TEXT_AND_RE.sub(sep, s)
+    s = _BARE_AND_RE.sub(sep, s)
     s = _COMMAS_RE.sub(",", s)
+    s = _SEMIS_RE.sub(";", s)
     s = _join_thousands(s)
     s = _SPACE_THOU_RE.sub(lambda m: m.group().replace(" ", ""), s)
     s = _UNIT_RE.sub("", s)
@@ -518,7 +529,7 @@ def _tokenize(s, toks=None):
             toks.append(("rel", "lt"))
         elif c == ">":
             toks.append(("rel", "gt"))
-        elif c in "+-*/^_()[]{},|!&":
+        elif c in "+-*/^_()[]{},;|!&":
             toks.append(("op", c))
         else:
             toks.append(("bad", c))
@@ -553,6 +564,7 @@ def _num_value(val):
 #   ('!', a) ('abs', a) ('floor', a) ('ceil', a) ('binom', a, b) ('f', name, arg, base)
 #   ('pm', a_or_None, b, 'pm'|'mp') ('seq', lb, rb, items) ('set', items) ('mat', rows)
 #   ('based', base, value)
+_SEPARATORS = (("op", ","), ("op", ";"))
 _OPENERS = {("op", "("), ("op", "["), ("op", "{"), ("lset", None)}
 _CLOSERS = {("op", ")"), ("op", "]"), ("op", "}"), ("rset", None)}
 
@@ -850,10 +862,14 @@ class _Parser:
         items = []
         saved = self.abs_depth
         self.abs_depth = 0
+        sep = None
         while True:
             items.append(self.expression())
             tok = self.take()
-            if tok == ("op", ","):
+            if tok in _SEPARATORS:
+                if sep is not None and tok != sep:
+                    raise _Refuse  # (1,5; 2): a decimal comma, not a third entry
+                sep = tok
                 if len(items) >= MAX_ITEMS:
                     raise _Refuse
                 continue
@@ -1692,8 +1708,8 @@ def _analyze(s):
     toks = _drop_units(toks)
     if not toks or any(t[0] == "bad" for t in toks):
         raise _Refuse
-    items, _ = _split_top(toks, lambda t: t == ("op", ","))
-    if any(not it for it in items) or len(items) > MAX_ITEMS:
+    items, seps = _split_top(toks, lambda t: t in _SEPARATORS)
+    if any(not it for it in items) or len(items) > MAX_ITEMS or len(set(seps)) > 1:
         raise _Refuse
     canons = [_item(it) for it in items]
     if len(canons) == 1:
