@@ -44,9 +44,17 @@ Equivalence policy
     letter is always a variable, never a unit: ``2c`` != ``2``, ``5 g`` != ``5``, ``a+c`` !=
     ``a+d``; other words are not units (``5 apples`` != ``5``), and a word that follows no
     quantity stays (the text answer ``percentage points``).
-  * ``x = 5`` answers ``5`` (left side a single variable with a constant right side, a function
-    like ``f(x)``, or a tuple of variables); ``k = -\\frac{33}{2} = -16.5`` is accepted because all
-    parts agree; a chain whose parts disagree (``5=3``, ``x=5=3``) is a false statement and wrong.
+  * ``x = 5`` answers ``5``: a label that names the quantity is presentation. Labels are a single
+    variable with a constant right side, a function like ``f(x)`` or ``f(2)``, a tuple of
+    variables, a segment, angle or figure name with one constant right side (``AB = 4``,
+    ``\\overline{AB}``, ``\\angle ABC``, ``m\\angle A``; 2 to 4 capitals, ``BA`` the same as ``AB``;
+    ``xy = 4`` and ``AB = 2x`` stay equations), or a ``\\text{}`` word (``\\text{Area} = 12``). A
+    single answer drops its label (``y = 5`` == ``5``) and so does a list compared with an
+    unlabelled one (``AB = 4, CD = 5`` == ``4, 5``); in lists, labels pair values with
+    quantities, so where both parts carry a label the labels must agree (``x = 1, y = 2`` !=
+    ``x = 2, y = 1``, ``AB = 4, CD = 5`` != ``AB = 5, CD = 4``). ``k = -\\frac{33}{2} = -16.5`` is
+    accepted because all parts agree; a chain whose parts disagree (``5=3``, ``x=5=3``) is a
+    false statement and wrong.
   * An exact value followed by an approximation (``\\frac{\\sqrt3}{3} \\approx 0.577``,
     ``x = 2\\sqrt{30} \\approx 11``, the sign too) answers its exact part, provided the plain
     decimal is a correct rounding of it: the exact value rounded to the decimal's own number of
@@ -1432,6 +1440,8 @@ def _canon_vars(c):
     k = c[0]
     if k == "expr":
         return _vars(c[1])
+    if k == "lab":
+        return _canon_vars(c[2])
     if k in ("uset", "union"):
         out = frozenset()
         for it in c[1]:
@@ -1475,7 +1485,7 @@ def _split_top(toks, is_sep):
 
 
 def _simple_lhs(toks):
-    """'var' for x, x_1, \\alpha; 'func' for f(x) or f(x, y); 'tuple' for (p, q); else None."""
+    """'var' for x, x_1, \\alpha; 'func' for f(x), f(x, y) or f(2); 'tuple' for (p, q); else None."""
     n = len(toks)
     if n == 0:
         return None
@@ -1492,18 +1502,21 @@ def _simple_lhs(toks):
             return None
         return None
 
-    def var_list(ts):
+    def var_list(ts, numbers=False):
         if not ts or len(ts) % 2 == 0:
             return False
         for j, t in enumerate(ts):
-            if j % 2 == 0 and not (t[0] == "let" or (t[0] == "cmd" and t[1] in _GREEK)):
+            if j % 2 == 0 and not (t[0] == "let" or (t[0] == "cmd" and t[1] in _GREEK)
+                                   or numbers and t[0] == "num" and t[1][0].isdigit()
+                                   and t[1][1:] == (None, None)):
                 return False
             if j % 2 == 1 and t != ("op", ","):
                 return False
         return True
 
+    # f(x), and f(2) = 5 too: the value of f at 2 is the quantity named
     if n >= 4 and toks[0][0] == "let" and toks[1] == ("op", "(") and toks[-1] == ("op", ")"):
-        if var_list(toks[2:-1]):
+        if var_list(toks[2:-1], numbers=True):
             return "func"
     if n >= 5 and toks[0] == ("op", "(") and toks[-1] == ("op", ")") and var_list(toks[1:-1]):
         return "tuple"
@@ -1605,7 +1618,8 @@ def _approximated(parts, rels):
         raise _Refuse
     exact = parts[:-1]
     c = _equality(exact) if len(exact) > 1 else _union_or_expr(exact[0])
-    node = c[1] if c[0] == "expr" else None
+    inner = c[2] if c[0] == "lab" else c
+    node = inner[1] if inner[0] == "expr" else None
     if node is None or _vars(node) or _has_kind(node, "pm"):
         raise _Refuse
     v = _value(node, {})
@@ -1642,8 +1656,49 @@ def _item(toks):
     raise _Refuse
 
 
+def _figure_name(toks):
+    """Key of a segment, angle or figure name used as a label: 'AB' for AB or \\overline{AB},
+    'angle ABC' for \\angle ABC or m\\angle ABC (also \\angle A); None for anything else. A
+    name read backwards is the same segment, angle or polygon (BA, CBA)."""
+    prefix, least = "", 2
+    if toks[:2] == [("let", "m"), ("cmd", "angle")]:
+        toks = toks[1:]
+    if toks[:1] == [("cmd", "angle")]:
+        prefix, least, toks = "angle ", 1, toks[1:]
+    elif toks[:2] == [("cmd", "overline"), ("op", "{")] and toks[-1:] == [("op", "}")]:
+        toks = toks[2:-1]
+    if not least <= len(toks) <= 4 or any(t[0] != "let" or not "A" <= t[1] <= "Z" for t in toks):
+        return None
+    name = "".join(t[1] for t in toks)
+    return prefix + min(name, name[::-1])
+
+
+def _label_key(toks, kind):
+    if kind == "var":
+        return _parse(toks)[1]
+    return "".join(str(v) for _, v in toks)  # f(x), (p,q): as written
+
+
+def _agreeing(cs):
+    """The last of a chain of constant parts that must all agree, else refuse (5=3)."""
+    if any(_canon_vars(c) for c in cs):
+        raise _Refuse
+    for c in cs[1:]:
+        if not _same(cs[0], c):
+            raise _Refuse  # a false statement such as 5=3
+    return cs[-1]
+
+
 def _equality(parts):
     lhs_kind = _simple_lhs(parts[0])
+    if lhs_kind is None:
+        # AB = 4 names a length, not the product A*B, when what it equals is one constant; with
+        # variables on the right it stays an equation (AB = 2x), and a set or tuple refuses
+        name = _figure_name(parts[0])
+        if name is not None:
+            cs = [_union_or_expr(v) for v in parts[1:]]
+            if all(c[0] == "expr" and not _canon_vars(c) for c in cs):
+                return ("lab", name, _agreeing(cs))
     vals = parts[1:] if lhs_kind else parts
     if lhs_kind and len(vals) == 1:
         c = _union_or_expr(vals[0])
@@ -1651,18 +1706,14 @@ def _equality(parts):
             if c[0] != "expr":
                 raise _Refuse
             return ("eq", _parse(parts[0]), c[1])
-        return c
+        return ("lab", _label_key(parts[0], lhs_kind), c)
     cs = [_union_or_expr(v) for v in vals]
     if not lhs_kind and len(cs) == 2 and (_canon_vars(cs[0]) or _canon_vars(cs[1])):
         if cs[0][0] != "expr" or cs[1][0] != "expr":
             raise _Refuse
         return ("eq", cs[0][1], cs[1][1])
-    if any(_canon_vars(c) for c in cs):
-        raise _Refuse
-    for c in cs[1:]:
-        if not _same(cs[0], c):
-            raise _Refuse  # a false statement such as 5=3
-    return cs[-1]
+    c = _agreeing(cs)
+    return ("lab", _label_key(parts[0], lhs_kind), c) if lhs_kind else c
 
 
 def _is_text_only(toks):
@@ -1705,13 +1756,23 @@ def _analyze(s):
         if not key:
             raise _Refuse
         return ("text", key)
-    toks = _drop_units(toks)
-    if not toks or any(t[0] == "bad" for t in toks):
+    if any(t[0] == "bad" for t in toks):
         raise _Refuse
     items, seps = _split_top(toks, lambda t: t in _SEPARATORS)
-    if any(not it for it in items) or len(items) > MAX_ITEMS or len(set(seps)) > 1:
+    if len(items) > MAX_ITEMS or len(set(seps)) > 1:
         raise _Refuse
-    canons = [_item(it) for it in items]
+    canons = []
+    for it in items:
+        # \text{area} = 12: a word naming the quantity is a label, like x in x = 12
+        label = None
+        if len(it) > 2 and it[0][0] == "text" and it[1] == ("rel", "eq"):
+            label = " ".join(it[0][1].lower().split())
+            it = it[2:]
+        it = _drop_units(it)
+        if not it:
+            raise _Refuse
+        c = _item(it)
+        canons.append(c if label is None else ("lab", label, c))
     if len(canons) == 1:
         return canons[0]
     flat = []
@@ -1733,22 +1794,24 @@ def _analyze_cached(s):
 
 # ----------------------------------------------------------------------------------------------
 # structural comparison
-def _dedup(items):
+def _dedup(items, same=None):
+    same = same or _same
     out = []
     for it in items:
-        if not any(_same(it, o) for o in out):
+        if not any(same(it, o) for o in out):
             out.append(it)
     return out
 
 
-def _match_unordered(a, b):
-    a, b = _dedup(a), _dedup(b)
+def _match_unordered(a, b, same=None):
+    same = same or _same
+    a, b = _dedup(a, same), _dedup(b, same)
     if len(a) != len(b):
         return False
     used = [False] * len(b)
     for x in a:
         for j, y in enumerate(b):
-            if not used[j] and _same(x, y):
+            if not used[j] and same(x, y):
                 used[j] = True
                 break
         else:
@@ -1756,17 +1819,54 @@ def _match_unordered(a, b):
     return True
 
 
+def _unlabelled(items):
+    """List items without their labels, a labelled list (x = \\pm 2) spread out."""
+    out = []
+    for it in items:
+        if it[0] == "lab":
+            it = it[2]
+        out.extend(it[1] if it[0] == "uset" else (it,))
+    return out
+
+
+def _parts(items):
+    """List items with their labels, a labelled list spread out (x = \\pm 2: x = 2, x = -2)."""
+    out = []
+    for it in items:
+        if it[0] == "lab" and it[2][0] == "uset":
+            out.extend(("lab", it[1], v) for v in it[2][1])
+        elif it[0] == "uset":
+            out.extend(it[1])
+        else:
+            out.append(it)
+    return out
+
+
+def _same_part(a, b):
+    if a[0] == "lab" and b[0] == "lab" and a[1] != b[1]:
+        return False
+    return _same(a, b)
+
+
 def _same(a, b):
     ka, kb = a[0], b[0]
+    # A label names the quantity: alone it is presentation (x = 5 == y = 5 == 5). In lists,
+    # labels pair values with quantities: where both parts carry one, the labels must agree
+    # (x = 1, y = 2 != x = 2, y = 1; AB = 4, CD = 5 == 4, 5). A greedy match under this rule
+    # can miss a pairing (a false negative) but never accepts a wrong one.
+    if ka == "lab":
+        return _same(a[2], b)
+    if kb == "lab":
+        return _same(a, b[2])
+    if ka == "uset" and kb == "uset":
+        return _match_unordered(_parts(a[1]), _parts(b[1]), _same_part)
     if ka == "union" or kb == "union":
         pa = a[1] if ka == "union" else (a,)
         pb = b[1] if kb == "union" else (b,)
         return _match_unordered(pa, pb)
-    if ka == "uset" and kb == "uset":
-        return _match_unordered(a[1], b[1])
     if ka == "uset" or kb == "uset":  # a one-element set equals its element: {5} == 5
         u, o = (a, b) if ka == "uset" else (b, a)
-        items = _dedup(u[1])
+        items = _dedup(_unlabelled(u[1]))
         return len(items) == 1 and _same(items[0], o)
     if ka == "seq" and kb == "seq":
         return (a[1] == b[1] and a[2] == b[2] and len(a[3]) == len(b[3])

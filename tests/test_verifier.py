@@ -368,6 +368,28 @@ CATEGORIES = {
          ("1,5; 2", "1.5, 2"), ("1,5; 2", "1, 5, 2"), ("1, 2; 3", "1, 2, 3"), ("(1,5; 2)", "(1, 5, 2)"),
          ("(1,5; 2)", "(1.5, 2)"), ("1,000; 2", "1000, 2"), ("1{,}000; 2", "1000, 2")],
     ),
+    # a label naming the quantity (segment, angle, f(2), a word) is presentation like x in x = 5;
+    # in lists labels pair values with quantities: where both parts carry one they must agree
+    "labelled_parts": (
+        [("AB = 4, CD = 5", "4, 5"), ("4, 5", "AB = 4, CD = 5"), ("CD = 5, AB = 4", "AB = 4, CD = 5"),
+         ("BA = 4, DC = 5", "AB = 4, CD = 5"), ("\\overline{AB} = 4, \\overline{CD} = 5", "AB = 4, CD = 5"),
+         ("AB = 4; CD = 5", "4, 5"), ("9, 4", "AB=9, CD=4"), ("12+12\\sqrt3", "AB=12+12\\sqrt{3}"),
+         ("AB = 4 = 4.0", "4"), ("\\angle ABC = 30^\\circ", "30"), ("m\\angle ABC = 30", "\\angle CBA = 30"),
+         ("\\angle A = 45", "45"), ("\\text{Area} = 12", "12"), ("\\text{area} = 12", "\\text{Area}=12"),
+         ("\\text{Area} = 6\\sqrt3 \\approx 10.39", "6\\sqrt3"), ("f(2) = 5", "5"),
+         ("x = 1, y = 2", "y = 2, x = 1"), ("x = 1, y = 2", "1, 2"), ("x = \\pm 2, y = 3", "2, -2, 3"),
+         ("x_1 = 4, x_{2} = 5", "x_2 = 5, x_1 = 4"), ("x = 1, x = 2", "x = 2, x = 1"),
+         ("x = \\pm 2, y = 3", "x = 2, x = -2, y = 3"), ("2, y = 3", "x = 2, y = 3")],
+        [("AB = 4, CD = 5", "4, 6"), ("AB = 4, CD = 5", "AB = 5, CD = 4"), ("CD = 4, AB = 5", "AB = 4, CD = 5"),
+         ("AB = 4, CD = 5", "4"), ("AB = 4, CD = 5", "(4, 5)"), ("AB = 4, CD = 5", "AB = 4, EF = 5"),
+         ("AB = 4, CD = 5", "AB = 4, CD = 5, EF = 6"), ("AB = 9, CD = 4", "AB=4, CD=9"), ("AB = 4", "5"),
+         ("AB = 4 = 5", "4"), ("AB = 2x", "2x"), ("AB = \\sqrt{x}", "\\sqrt x"), ("AB = (1,2)", "(1,2)"),
+         ("xy = 4", "4"), ("4", "xy = 4"), ("ab = 4", "4"), ("2AB = 4", "4"), ("ABCDE = 4", "4"),
+         ("\\text{Area} = 12", "13"), ("\\text{area} = 12, \\text{perimeter} = 14", "\\text{area} = 14, \\text{perimeter} = 12"),
+         ("f(1) = 3, f(2) = 5", "f(2) = 3, f(1) = 5"), ("x = 1, y = 2", "x = 2, y = 1"),
+         ("x = 1, y = 2", "x = 1, z = 2"), ("x = 1, x = 2", "x = 1, y = 2"), ("AB = 4, 5", "AB = 5, CD = 4"),
+         ("x = 2, 1", "x = 1, y = 2"), ("x = \\pm 2, y = 3", "y = \\pm 2, x = 3")],
+    ),
 }
 
 
