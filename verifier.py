@@ -67,12 +67,12 @@ Equivalence policy
     (``[0,3)`` != ``[0,3]`` != ``(0,3)``); ``(a,b)`` is both the point and the open interval;
     unions of intervals compare as unordered sets of pieces; single-variable inequalities become
     intervals (``-793 < a < 10`` == ``(-793,10)``, ``x \\ge 5`` == ``[5,\\infty)``), and so does
-    a linear ``\\ne`` (``\\neq``, ``!=``, the sign): ``x \\ne 3`` == ``(-\\infty,3)\\cup(3,\\infty)``,
-    never ``3`` or ``x = 3``; ``x \\in S`` answers ``S``.
-  * Comma (or semicolon) lists and ``\\{...\\}`` sets are unordered and must match exactly (no subset, no
-    superset; duplicates collapse; a one-element set equals its element): ``2, 3, \\text{ and } 4``
-    is the list 2, 3, 4; ``a \\pm b`` is the list a+b, a-b (so ``\\pm 2`` is wrong for ``2``).
-    A tuple is never equal to a set. A semicolon separates like a comma, at the top level and
+    a linear ``\\ne`` (``\\neq``, ``!=``, the sign): ``x \\ne 3`` ==
+    ``(-\\infty,3)\\cup(3,\\infty)``, never ``3`` or ``x = 3``; ``x \\in S`` answers ``S``.
+  * Comma (or semicolon) lists and ``\\{...\\}`` sets are unordered and must match exactly (no
+    subset, no superset; duplicates collapse; a one-element set equals its element):
+    ``2, 3, \\text{ and } 4`` is the list 2, 3, 4; ``a \\pm b`` is the list a+b, a-b (so
+    ``\\pm 2`` is wrong for ``2``). A tuple is never equal to a set. A semicolon separates like a comma, at the top level and
     inside brackets (``1; 2`` == ``1, 2``, ``(1; 2)`` == ``(1, 2)``, ``[0; 3)`` == ``[0,3)``), but
     where semicolons separate, a comma may be a decimal mark: no comma groups thousands then,
     and a level that mixes the two separators is refused (``1,5; 2``, ``(1,5; 2)``, ``1,000; 2``).
@@ -248,7 +248,8 @@ def _extract(text):
 _UNICODE = [
     ("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "\\times "), ("\u22c5", "\\cdot "),
     ("\u00b7", "\\cdot "), ("\u00f7", "\\div "), ("\u2264", "\\le "), ("\u2265", "\\ge "),
-    ("\u2260", "\\ne "), ("\u2248", "\\approx "), ("\u221e", "\\infty "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "),
+    ("\u2260", "\\ne "), ("\u2248", "\\approx "),
+    ("\u221e", "\\infty "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "),
     ("\u222a", "\\cup "), ("\u00b1", "\\pm "), ("\u00b0", ""), ("\u20ac", ""), ("\u00a3", ""),
 ]
 _LEFTRIGHT_RE = re.compile(
@@ -288,7 +289,8 @@ _UNIT_WORDS = (
 # unit of a quantity is dropped ('125 miles', '3 cm, 4 cm', '(2 ft, 3 ft)', '5 miles per hour').
 # Each candidate start is anchored by the look-behind, so the scan stays linear.
 _UNIT_RE = re.compile(
-    r"(?:(?<=[0-9})\]!])|(?<=\\pi)|(?<=(?<![A-Za-z\\])[A-Za-z] ))\s*(?:(?:square|sq\.?|cubic)\s+)?(?:" + _UNIT_WORDS + r")"
+    r"(?:(?<=[0-9})\]!])|(?<=\\pi)|(?<=(?<![A-Za-z\\])[A-Za-z] ))\s*"
+    r"(?:(?:square|sq\.?|cubic)\s+)?(?:" + _UNIT_WORDS + r")"
     r"(?:\s+per\s+(?:" + _UNIT_WORDS + r"))?(?![A-Za-z])(?:\s*\^\s*\{?\s*[23]\s*\}?)?"
     r"(?=\s*(?:$|[,;)\]]|\\\}))", re.I)
 
@@ -1485,7 +1487,7 @@ def _split_top(toks, is_sep):
 
 
 def _simple_lhs(toks):
-    """'var' for x, x_1, \\alpha; 'func' for f(x), f(x, y) or f(2); 'tuple' for (p, q); else None."""
+    """'var' for x, x_1, \\alpha; 'func' for f(x), f(x, y), f(2); 'tuple' for (p, q); else None."""
     n = len(toks)
     if n == 0:
         return None
@@ -1599,8 +1601,8 @@ def _approx_decimal(toks):
     neg = bool(toks) and toks[0] == ("op", "-")
     if neg:
         toks = toks[1:]
-    if len(toks) != 1 or toks[0][0] != "num" or toks[0][1][1] is not None or toks[0][1][2] is not None:
-        raise _Refuse
+    if len(toks) != 1 or toks[0][0] != "num" or toks[0][1][1:] != (None, None):
+        raise _Refuse  # no repeating or scientific decimals
     t = toks[0][1][0]
     places = len(t.split(".")[1]) if "." in t else 0
     if places > MAX_APPROX_PLACES:
