@@ -72,10 +72,11 @@ Equivalence policy
   * Comma (or semicolon) lists and ``\\{...\\}`` sets are unordered and must match exactly (no
     subset, no superset; duplicates collapse; a one-element set equals its element):
     ``2, 3, \\text{ and } 4`` is the list 2, 3, 4; ``a \\pm b`` is the list a+b, a-b (so
-    ``\\pm 2`` is wrong for ``2``). A tuple is never equal to a set. A semicolon separates like a comma, at the top level and
-    inside brackets (``1; 2`` == ``1, 2``, ``(1; 2)`` == ``(1, 2)``, ``[0; 3)`` == ``[0,3)``), but
-    where semicolons separate, a comma may be a decimal mark: no comma groups thousands then,
-    and a level that mixes the two separators is refused (``1,5; 2``, ``(1,5; 2)``, ``1,000; 2``).
+    ``\\pm 2`` is wrong for ``2``). A tuple is never equal to a set. A semicolon separates like a
+    comma, at the top level and inside brackets (``1; 2`` == ``1, 2``, ``(1; 2)`` == ``(1, 2)``,
+    ``[0; 3)`` == ``[0,3)``), but where semicolons separate, a comma may be a decimal mark: no
+    comma groups thousands then, and a level that mixes the two separators is refused
+    (``1,5; 2``, ``(1,5; 2)``, ``1,000; 2``).
   * Matrices (``pmatrix``, ``bmatrix``, ``matrix``, ``array``) compare entry by entry; a single
     row or column matrix also equals the tuple of its entries.
   * Numbers with a base subscript (``204_5``) equal only the same value in the same base.
