@@ -18,8 +18,11 @@ Equivalence policy
     ``\\tfrac``, ``1/2``; decimals are exact fractions (``0.75`` == 3/4, ``0.333`` != 1/3,
     ``6.67`` != 20/3); repeating decimals (``0.\\overline{3}``); scientific notation
     (``1.5\\times10^{-5}``, ``1.5e-5``); thousands separators in groups of three (``1,000``,
-    ``1{,}000``, ``1\\,000``, ``1 000``, ``42,\\!409``; a comma followed by a space, or groups
-    that are not three digits, make a list instead); mixed numbers (``10\\frac{1}{12}`` and
+    ``1{,}000``, ``1\\,000``, ``1 000``, ``42,\\!409``; a comma followed by a space, groups
+    that are not three digits, or a first group that starts with 0 make a list instead:
+    ``0,111`` is the list 0, 111, never 111; a typographic ``{,}`` or ``,\\!`` is never a list
+    separator, so where it is not grouping (``0{,}111``, the decimal comma ``1{,}5``) the answer
+    is refused); mixed numbers (``10\\frac{1}{12}`` and
     ``10 \\frac{1}{12}`` are 121/12, but ``10\\cdot\\frac1{12}`` is 10/12, and an improper
     ``2\\frac{3}{2}`` is the product 3); leading ``+``, ``-0``,
     ``.5``, ``12.0``.
@@ -33,21 +36,47 @@ Equivalence policy
     ``e`` is Euler's number and ``i`` the imaginary unit; ``\\log`` without a base is natural.
   * Presentation is ignored: ``\\left``/``\\right``, spacing commands, ``\\displaystyle``,
     ``\\text{}``/``\\mathrm{}``/``\\mbox{}`` around a number or a unit word after it
-    (``2 \\text{ euros}``, ``10\\text{ cm}^2``), a short list of bare unit words at the end
-    (``125 miles``, ``28 percent``), ``^\\circ`` and the degree sign, ``\\$``, ``\\%``.
-    A bare single letter is always a variable, never a unit: ``2c`` != ``2``, ``a+c`` != ``a+d``.
-  * ``x = 5`` answers ``5`` (left side a single variable with a constant right side, a function
-    like ``f(x)``, or a tuple of variables); ``k = -\\frac{33}{2} = -16.5`` is accepted because all
-    parts agree; a chain whose parts disagree (``5=3``, ``x=5=3``) is a false statement and wrong.
+    (``2 \\text{ euros}``, ``10\\text{ cm}^2``), ``^\\circ`` and the degree sign, ``\\$``, ``\\%``,
+    and a list of bare spelled-out units and percent words (``125 miles``, ``12 centimeters``,
+    ``4 square feet``, ``60 miles per hour``, ``28 percent``, ``5 pct``, ``5 percentage points``)
+    right after a quantity (a number, a closing bracket, ``\\pi`` or a one-letter variable:
+    ``2x+6 cm``) at the end of the answer or of a list item (``3 cm, 4 cm``). A bare single
+    letter is always a variable, never a unit: ``2c`` != ``2``, ``5 g`` != ``5``, ``a+c`` !=
+    ``a+d``; other words are not units (``5 apples`` != ``5``), and a word that follows no
+    quantity stays (the text answer ``percentage points``).
+  * ``x = 5`` answers ``5``: a label that names the quantity is presentation. Labels are a single
+    variable with a constant right side, a function like ``f(x)`` or ``f(2)``, a tuple of
+    variables, a segment, angle or figure name with one constant right side (``AB = 4``,
+    ``\\overline{AB}``, ``\\angle ABC``, ``m\\angle A``; 2 to 4 capitals, ``BA`` the same as ``AB``;
+    ``xy = 4`` and ``AB = 2x`` stay equations), or a ``\\text{}`` word (``\\text{Area} = 12``). A
+    single answer drops its label (``y = 5`` == ``5``) and so does a list compared with an
+    unlabelled one (``AB = 4, CD = 5`` == ``4, 5``); in lists, labels pair values with
+    quantities, so where both parts carry a label the labels must agree (``x = 1, y = 2`` !=
+    ``x = 2, y = 1``, ``AB = 4, CD = 5`` != ``AB = 5, CD = 4``). ``k = -\\frac{33}{2} = -16.5`` is
+    accepted because all parts agree; a chain whose parts disagree (``5=3``, ``x=5=3``) is a
+    false statement and wrong.
+  * An exact value followed by an approximation (``\\frac{\\sqrt3}{3} \\approx 0.577``,
+    ``x = 2\\sqrt{30} \\approx 11``, the sign too) answers its exact part, provided the plain
+    decimal is a correct rounding of it: the exact value rounded to the decimal's own number of
+    digits after the point, either direction only at an exact tie (``\\frac18 \\approx 0.12`` and
+    ``0.13``); ``0.58`` rounds 0.57735 correctly, ``0.57`` and ``0.5773`` (truncations) and
+    ``0.578`` do not. A wrong rounding makes the whole answer wrong. Checked up to 30 digits
+    after the point and values below 10^15, else refused. ``x \\approx 11`` alone, or the decimal
+    alone, against an exact reference stays wrong.
   * Tuples and points are ordered; intervals compare both endpoints AND bracket types
     (``[0,3)`` != ``[0,3]`` != ``(0,3)``); ``(a,b)`` is both the point and the open interval;
     unions of intervals compare as unordered sets of pieces; single-variable inequalities become
-    intervals (``-793 < a < 10`` == ``(-793,10)``, ``x \\ge 5`` == ``[5,\\infty)``); ``x \\in S``
-    answers ``S``.
-  * Comma lists and ``\\{...\\}`` sets are unordered and must match exactly (no subset, no
-    superset; duplicates collapse; a one-element set equals its element): ``2, 3, \\text{ and } 4``
-    is the list 2, 3, 4; ``a \\pm b`` is the list a+b, a-b (so ``\\pm 2`` is wrong for ``2``).
-    A tuple is never equal to a set.
+    intervals (``-793 < a < 10`` == ``(-793,10)``, ``x \\ge 5`` == ``[5,\\infty)``), and so does
+    a linear ``\\ne`` (``\\neq``, ``!=``, the sign): ``x \\ne 3`` ==
+    ``(-\\infty,3)\\cup(3,\\infty)``, never ``3`` or ``x = 3``; ``x \\in S`` answers ``S``.
+  * Comma (or semicolon) lists and ``\\{...\\}`` sets are unordered and must match exactly (no
+    subset, no superset; duplicates collapse; a one-element set equals its element):
+    ``2, 3, \\text{ and } 4`` is the list 2, 3, 4; ``a \\pm b`` is the list a+b, a-b (so
+    ``\\pm 2`` is wrong for ``2``). A tuple is never equal to a set. A semicolon separates like a
+    comma, at the top level and inside brackets (``1; 2`` == ``1, 2``, ``(1; 2)`` == ``(1, 2)``,
+    ``[0; 3)`` == ``[0,3)``), but where semicolons separate, a comma may be a decimal mark: no
+    comma groups thousands then, and a level that mixes the two separators is refused
+    (``1,5; 2``, ``(1,5; 2)``, ``1,000; 2``).
   * Matrices (``pmatrix``, ``bmatrix``, ``matrix``, ``array``) compare entry by entry; a single
     row or column matrix also equals the tuple of its entries.
   * Numbers with a base subscript (``204_5``) equal only the same value in the same base.
@@ -103,6 +132,8 @@ MAX_EXP_ARG = 9000
 MAX_VARS = 16
 MAX_ITEMS = 64
 MAX_PM_EXPANSION = 16
+MAX_APPROX_PLACES = 30  # digits after the point of a checked approximation
+MAX_APPROX_MAG = 10 ** 15  # 60-digit values decide roundings exactly below this
 
 _CTX = MPContext()
 _CTX.dps = 60
@@ -218,7 +249,8 @@ def _extract(text):
 _UNICODE = [
     ("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "\\times "), ("\u22c5", "\\cdot "),
     ("\u00b7", "\\cdot "), ("\u00f7", "\\div "), ("\u2264", "\\le "), ("\u2265", "\\ge "),
-    ("\u2260", "\\ne "), ("\u221e", "\\infty "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "),
+    ("\u2260", "\\ne "), ("\u2248", "\\approx "),
+    ("\u221e", "\\infty "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "),
     ("\u222a", "\\cup "), ("\u00b1", "\\pm "), ("\u00b0", ""), ("\u20ac", ""), ("\u00a3", ""),
 ]
 _LEFTRIGHT_RE = re.compile(
@@ -231,27 +263,45 @@ _BARE_AND_RE = re.compile(r"(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])")
 _SPACING_RE = re.compile(
     r"\\\\|\\(?:[,;: !]|q?quad(?![A-Za-z])|enspace(?![A-Za-z])|thinspace(?![A-Za-z]))|~")
 _COMMAS_RE = re.compile(r",(?:\s*,)+")
-_THOU_RE = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])")
-_SPACE_THOU_RE = re.compile(r"(?<![0-9.])[0-9]{1,3}(?: [0-9]{3})+(?![0-9])")
+_SEMIS_RE = re.compile(r";(?:\s*;)+")
+# A typographic comma ({,} or ",\!") is number punctuation, never a list separator; _clean marks
+# it with a control character (refused in any input, so it cannot be forged) until the thousands
+# pass has used it. One left over is not grouping (``0{,}5`` is a decimal comma) and refuses.
+_TYPO_COMMA = "\x01"
+# The first group of a thousands grouping never starts with 0: ``0,111`` and ``012,345`` are
+# lists (like ``1,2``), never 111 or 12345.
+_THOU_RE = re.compile(r"(?<![0-9.,\x01])[1-9][0-9]{0,2}(?:[,\x01][0-9]{3})+(?![0-9])")
+_SPACE_THOU_RE = re.compile(r"(?<![0-9.])[1-9][0-9]{0,2}(?: [0-9]{3})+(?![0-9])")
+# Spelled-out units and percent words, read only right after a number. Never a single letter
+# (2c, 2m, 5 g stay products with a variable); words that are not units (apples) stay letters.
 _UNIT_WORDS = (
-    r"percent|percentage\s+points|points?|degrees?|radians?|dollars?|cents?|euros?|yuan|"
-    r"pounds?|units?|miles?|mph|inches|inch|feet|foot|ft|yards?|meters?|metres?|"
-    r"centimeters?|cm|mm|km|kilometers?|kg|grams?|hours?|hrs?|minutes?|mins?|seconds?|"
-    r"secs?|days?|weeks?|months?|years?|people|students|ways")
-_BARE_UNIT_RE = re.compile(
-    r"([0-9}\s])\s*(?:(?:square|sq\.?|cubic)\s+)?(?:" + _UNIT_WORDS + r")"
-    r"(?:\s*\^\s*\{?\s*[23]\s*\}?)?\s*$", re.I)
-
-
-def _strip_bare_unit(s):
-    """Drop a unit word at the end ('125 miles', '28 percent'); only the short tail is searched
-    so the regex stays linear."""
-    head, tail = s[:-60], s[-60:]
-    return head + _BARE_UNIT_RE.sub(lambda m: m.group(1), tail)
+    r"percentage\s+points?|percentages?|percent|per\s*cent|pct|points?|pts|"
+    r"degrees?|deg|radians?|rad|dollars?|cents?|euros?|yuan|yen|pounds?|rupees?|"
+    r"units?|people|persons?|students|ways|"
+    r"miles?|inches|inch|feet|foot|ft|yards?|yds?|meters?|metres?|centimeters?|centimetres?|"
+    r"cm|millimeters?|millimetres?|mm|kilometers?|kilometres?|km|"
+    r"kilograms?|kg|grams?|milligrams?|mg|ounces?|oz|lbs?|tons?|tonnes?|"
+    r"liters?|litres?|milliliters?|millilitres?|ml|gallons?|quarts?|pints?|cups?|acres?|"
+    r"hectares?|hours?|hrs?|minutes?|mins?|seconds?|secs?|days?|weeks?|months?|years?|yrs?|"
+    r"mph|kph")
+# After a digit, }, ), ], !, \pi or a one-letter variable and a space (2x+6 cm), never after a
+# longer word (the text answer 'percentage points' keeps both words) nor a backslash (\sec,
+# \min are commands), and before the end of the answer or of a list item or bracket, so only the
+# unit of a quantity is dropped ('125 miles', '3 cm, 4 cm', '(2 ft, 3 ft)', '5 miles per hour').
+# Each candidate start is anchored by the look-behind, so the scan stays linear.
+_UNIT_RE = re.compile(
+    r"(?:(?<=[0-9})\]!])|(?<=\\pi)|(?<=(?<![A-Za-z\\])[A-Za-z] ))\s*"
+    r"(?:(?:square|sq\.?|cubic)\s+)?(?:" + _UNIT_WORDS + r")"
+    r"(?:\s+per\s+(?:" + _UNIT_WORDS + r"))?(?![A-Za-z])(?:\s*\^\s*\{?\s*[23]\s*\}?)?"
+    r"(?=\s*(?:$|[,;)\]]|\\\}))", re.I)
 
 
 def _join_thousands(s):
-    if "," not in s:
+    if "," not in s and _TYPO_COMMA not in s:
+        return s
+    if ";" in s:
+        # semicolons separate items where the comma is the decimal mark (1,5; 2): no comma
+        # groups thousands then, and one left over refuses (separators of two kinds)
         return s
     depth = [0] * (len(s) + 1)
     d = 0
@@ -274,9 +324,12 @@ def _join_thousands(s):
         i += 1
 
     def repl(m):
-        if depth[m.start()] == 0:
-            return m.group().replace(",", "")
-        return m.group()
+        # plain commas group only at the top level (inside brackets they separate entries);
+        # typographic ones group everywhere
+        g = m.group()
+        if depth[m.start()] == 0 or "," not in g:
+            return g.replace(",", "").replace(_TYPO_COMMA, "")
+        return g
 
     return _THOU_RE.sub(repl, s)
 
@@ -296,16 +349,19 @@ def _clean(s):
     s = re.sub(r"\\(?:hspace|vspace|phantom|hphantom)\*?\s*\{[^{}]*\}", " ", s)
     s = _DEGREE_RE.sub("", s)
     s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("$", "")
-    s = s.replace("{,}", ",")
-    s = re.sub(r",\s*\\!\s*", ",", s)
+    s = s.replace("{,}", _TYPO_COMMA)
+    s = re.sub(r",\s*\\!\s*", _TYPO_COMMA, s)
     s = _SPACING_RE.sub(lambda m: m.group() if m.group() == "\\\\" else
                         ("" if m.group() == "\\!" else " "), s)
-    s = _TEXT_AND_RE.sub(",", s)
-    s = _BARE_AND_RE.sub(",", s)
+    # "and" joins items with the answer's own separator, so 1; 2 and 3 stays one kind of list
+    sep = ";" if ";" in s else ","
+    s = _TEXT_AND_RE.sub(sep, s)
+    s = _BARE_AND_RE.sub(sep, s)
     s = _COMMAS_RE.sub(",", s)
+    s = _SEMIS_RE.sub(";", s)
     s = _join_thousands(s)
     s = _SPACE_THOU_RE.sub(lambda m: m.group().replace(" ", ""), s)
-    s = _strip_bare_unit(s)
+    s = _UNIT_RE.sub("", s)
     s = s.strip()
     if s.endswith("."):
         s = s[:-1].strip()
@@ -352,7 +408,7 @@ _FUNCS = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan"
           "cosh", "tanh", "ln", "log", "exp"}
 _REL_CMDS = {"le": "le", "leq": "le", "leqslant": "le", "ge": "ge", "geq": "ge",
              "geqslant": "ge", "lt": "lt", "gt": "gt", "ne": "ne", "neq": "ne", "in": "in",
-             "approx": "bad", "sim": "bad", "equiv": "bad", "to": "bad", "rightarrow": "bad",
+             "approx": "approx", "sim": "bad", "equiv": "bad", "to": "bad", "rightarrow": "bad",
              "Rightarrow": "bad", "implies": "bad", "subset": "bad", "subseteq": "bad"}
 _MATRIX_ENVS = {"pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix", "array"}
 _NUM_RE = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
@@ -484,7 +540,7 @@ def _tokenize(s, toks=None):
             toks.append(("rel", "lt"))
         elif c == ">":
             toks.append(("rel", "gt"))
-        elif c in "+-*/^_()[]{},|!&":
+        elif c in "+-*/^_()[]{},;|!&":
             toks.append(("op", c))
         else:
             toks.append(("bad", c))
@@ -519,6 +575,7 @@ def _num_value(val):
 #   ('!', a) ('abs', a) ('floor', a) ('ceil', a) ('binom', a, b) ('f', name, arg, base)
 #   ('pm', a_or_None, b, 'pm'|'mp') ('seq', lb, rb, items) ('set', items) ('mat', rows)
 #   ('based', base, value)
+_SEPARATORS = (("op", ","), ("op", ";"))
 _OPENERS = {("op", "("), ("op", "["), ("op", "{"), ("lset", None)}
 _CLOSERS = {("op", ")"), ("op", "]"), ("op", "}"), ("rset", None)}
 
@@ -816,10 +873,14 @@ class _Parser:
         items = []
         saved = self.abs_depth
         self.abs_depth = 0
+        sep = None
         while True:
             items.append(self.expression())
             tok = self.take()
-            if tok == ("op", ","):
+            if tok in _SEPARATORS:
+                if sep is not None and tok != sep:
+                    raise _Refuse  # (1,5; 2): a decimal comma, not a third entry
+                sep = tok
                 if len(items) >= MAX_ITEMS:
                     raise _Refuse
                 continue
@@ -1382,6 +1443,8 @@ def _canon_vars(c):
     k = c[0]
     if k == "expr":
         return _vars(c[1])
+    if k == "lab":
+        return _canon_vars(c[2])
     if k in ("uset", "union"):
         out = frozenset()
         for it in c[1]:
@@ -1425,7 +1488,7 @@ def _split_top(toks, is_sep):
 
 
 def _simple_lhs(toks):
-    """'var' for x, x_1, \\alpha; 'func' for f(x) or f(x, y); 'tuple' for (p, q); else None."""
+    """'var' for x, x_1, \\alpha; 'func' for f(x), f(x, y), f(2); 'tuple' for (p, q); else None."""
     n = len(toks)
     if n == 0:
         return None
@@ -1442,18 +1505,21 @@ def _simple_lhs(toks):
             return None
         return None
 
-    def var_list(ts):
+    def var_list(ts, numbers=False):
         if not ts or len(ts) % 2 == 0:
             return False
         for j, t in enumerate(ts):
-            if j % 2 == 0 and not (t[0] == "let" or (t[0] == "cmd" and t[1] in _GREEK)):
+            if j % 2 == 0 and not (t[0] == "let" or (t[0] == "cmd" and t[1] in _GREEK)
+                                   or numbers and t[0] == "num" and t[1][0].isdigit()
+                                   and t[1][1:] == (None, None)):
                 return False
             if j % 2 == 1 and t != ("op", ","):
                 return False
         return True
 
+    # f(x), and f(2) = 5 too: the value of f at 2 is the quantity named
     if n >= 4 and toks[0][0] == "let" and toks[1] == ("op", "(") and toks[-1] == ("op", ")"):
-        if var_list(toks[2:-1]):
+        if var_list(toks[2:-1], numbers=True):
             return "func"
     if n >= 5 and toks[0] == ("op", "(") and toks[-1] == ("op", ")") and var_list(toks[1:-1]):
         return "tuple"
@@ -1505,9 +1571,11 @@ def _inequality(parts, rels):
             raise _Refuse
         bound = _chk(-f0 / slope)
         rel = rels[0]
+        b = ("k", bound)
+        if rel == "ne":  # the line without one point: the same set whichever way round
+            return ("union", (_interval("(", _NEG_INF, b, ")"), _interval("(", b, _POS_INF, ")")))
         if slope < 0:
             rel = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}[rel]
-        b = ("k", bound)
         if rel == "lt":
             return _interval("(", _NEG_INF, b, ")")
         if rel == "le":
@@ -1529,6 +1597,50 @@ def _inequality(parts, rels):
     raise _Refuse
 
 
+def _approx_decimal(toks):
+    """(value, digits after the point) of a plain decimal such as 0.577, -1.41 or 11."""
+    neg = bool(toks) and toks[0] == ("op", "-")
+    if neg:
+        toks = toks[1:]
+    if len(toks) != 1 or toks[0][0] != "num" or toks[0][1][1:] != (None, None):
+        raise _Refuse  # no repeating or scientific decimals
+    t = toks[0][1][0]
+    places = len(t.split(".")[1]) if "." in t else 0
+    if places > MAX_APPROX_PLACES:
+        raise _Refuse
+    v = _num_value(toks[0][1])
+    return (-v if neg else v), places
+
+
+def _approximated(parts, rels):
+    """``exact \\approx decimal`` (the exact part may be a labelled or agreeing = chain): the
+    exact part, provided the decimal is a correct rounding of it, i.e. within half a unit of its
+    last digit (so either direction at an exact tie). A wrong rounding is a false statement and
+    refuses, like 5=3; an approximation alone (x \\approx 11) has no exact part and refuses."""
+    if len(parts) < 2 or any(r != "eq" for r in rels[:-1]):
+        raise _Refuse
+    exact = parts[:-1]
+    c = _equality(exact) if len(exact) > 1 else _union_or_expr(exact[0])
+    inner = c[2] if c[0] == "lab" else c
+    node = inner[1] if inner[0] == "expr" else None
+    if node is None or _vars(node) or _has_kind(node, "pm"):
+        raise _Refuse
+    v = _value(node, {})
+    d, places = _approx_decimal(parts[-1])
+    half = Fraction(1, 2 * 10 ** places)
+    if isinstance(v, Fraction):
+        ok = abs(v) < MAX_APPROX_MAG and abs(v - d) <= half
+    else:
+        if isinstance(v, _Inf) or _CTX.im(v) != 0 or not abs(v) < MAX_APPROX_MAG:
+            raise _Refuse
+        # 60 digits below 10^15 err by under 1e-42; the 1e-40 slack only lets a value that is
+        # really a tie (sin(pi/6) = 0.5 computed in floating point) round either way
+        ok = abs(_CTX.re(v) - _mp(d)) <= _mp(half) + _CTX.mpf(10) ** -40
+    if not ok:
+        raise _Refuse
+    return c
+
+
 def _item(toks):
     parts, seps = _split_top(toks, lambda t: t[0] == "rel")
     if any(not p for p in parts):
@@ -1536,17 +1648,60 @@ def _item(toks):
     if not seps:
         return _union_or_expr(toks)
     rels = [t[1] for t in seps]
+    if rels[-1] == "approx":
+        return _approximated(parts, rels)
     if all(r == "eq" for r in rels):
         return _equality(parts)
-    if all(r in ("lt", "le", "gt", "ge") for r in rels):
+    if all(r in ("lt", "le", "gt", "ge") for r in rels) or rels == ["ne"]:
         return _inequality(parts, rels)
     if rels == ["in"] and _simple_lhs(parts[0]) == "var":
         return _union_or_expr(parts[1])
     raise _Refuse
 
 
+def _figure_name(toks):
+    """Key of a segment, angle or figure name used as a label: 'AB' for AB or \\overline{AB},
+    'angle ABC' for \\angle ABC or m\\angle ABC (also \\angle A); None for anything else. A
+    name read backwards is the same segment, angle or polygon (BA, CBA)."""
+    prefix, least = "", 2
+    if toks[:2] == [("let", "m"), ("cmd", "angle")]:
+        toks = toks[1:]
+    if toks[:1] == [("cmd", "angle")]:
+        prefix, least, toks = "angle ", 1, toks[1:]
+    elif toks[:2] == [("cmd", "overline"), ("op", "{")] and toks[-1:] == [("op", "}")]:
+        toks = toks[2:-1]
+    if not least <= len(toks) <= 4 or any(t[0] != "let" or not "A" <= t[1] <= "Z" for t in toks):
+        return None
+    name = "".join(t[1] for t in toks)
+    return prefix + min(name, name[::-1])
+
+
+def _label_key(toks, kind):
+    if kind == "var":
+        return _parse(toks)[1]
+    return "".join(str(v) for _, v in toks)  # f(x), (p,q): as written
+
+
+def _agreeing(cs):
+    """The last of a chain of constant parts that must all agree, else refuse (5=3)."""
+    if any(_canon_vars(c) for c in cs):
+        raise _Refuse
+    for c in cs[1:]:
+        if not _same(cs[0], c):
+            raise _Refuse  # a false statement such as 5=3
+    return cs[-1]
+
+
 def _equality(parts):
     lhs_kind = _simple_lhs(parts[0])
+    if lhs_kind is None:
+        # AB = 4 names a length, not the product A*B, when what it equals is one constant; with
+        # variables on the right it stays an equation (AB = 2x), and a set or tuple refuses
+        name = _figure_name(parts[0])
+        if name is not None:
+            cs = [_union_or_expr(v) for v in parts[1:]]
+            if all(c[0] == "expr" and not _canon_vars(c) for c in cs):
+                return ("lab", name, _agreeing(cs))
     vals = parts[1:] if lhs_kind else parts
     if lhs_kind and len(vals) == 1:
         c = _union_or_expr(vals[0])
@@ -1554,18 +1709,14 @@ def _equality(parts):
             if c[0] != "expr":
                 raise _Refuse
             return ("eq", _parse(parts[0]), c[1])
-        return c
+        return ("lab", _label_key(parts[0], lhs_kind), c)
     cs = [_union_or_expr(v) for v in vals]
     if not lhs_kind and len(cs) == 2 and (_canon_vars(cs[0]) or _canon_vars(cs[1])):
         if cs[0][0] != "expr" or cs[1][0] != "expr":
             raise _Refuse
         return ("eq", cs[0][1], cs[1][1])
-    if any(_canon_vars(c) for c in cs):
-        raise _Refuse
-    for c in cs[1:]:
-        if not _same(cs[0], c):
-            raise _Refuse  # a false statement such as 5=3
-    return cs[-1]
+    c = _agreeing(cs)
+    return ("lab", _label_key(parts[0], lhs_kind), c) if lhs_kind else c
 
 
 def _is_text_only(toks):
@@ -1608,13 +1759,23 @@ def _analyze(s):
         if not key:
             raise _Refuse
         return ("text", key)
-    toks = _drop_units(toks)
-    if not toks or any(t[0] == "bad" for t in toks):
+    if any(t[0] == "bad" for t in toks):
         raise _Refuse
-    items, _ = _split_top(toks, lambda t: t == ("op", ","))
-    if any(not it for it in items) or len(items) > MAX_ITEMS:
+    items, seps = _split_top(toks, lambda t: t in _SEPARATORS)
+    if len(items) > MAX_ITEMS or len(set(seps)) > 1:
         raise _Refuse
-    canons = [_item(it) for it in items]
+    canons = []
+    for it in items:
+        # \text{area} = 12: a word naming the quantity is a label, like x in x = 12
+        label = None
+        if len(it) > 2 and it[0][0] == "text" and it[1] == ("rel", "eq"):
+            label = " ".join(it[0][1].lower().split())
+            it = it[2:]
+        it = _drop_units(it)
+        if not it:
+            raise _Refuse
+        c = _item(it)
+        canons.append(c if label is None else ("lab", label, c))
     if len(canons) == 1:
         return canons[0]
     flat = []
@@ -1636,22 +1797,24 @@ def _analyze_cached(s):
 
 # ----------------------------------------------------------------------------------------------
 # structural comparison
-def _dedup(items):
+def _dedup(items, same=None):
+    same = same or _same
     out = []
     for it in items:
-        if not any(_same(it, o) for o in out):
+        if not any(same(it, o) for o in out):
             out.append(it)
     return out
 
 
-def _match_unordered(a, b):
-    a, b = _dedup(a), _dedup(b)
+def _match_unordered(a, b, same=None):
+    same = same or _same
+    a, b = _dedup(a, same), _dedup(b, same)
     if len(a) != len(b):
         return False
     used = [False] * len(b)
     for x in a:
         for j, y in enumerate(b):
-            if not used[j] and _same(x, y):
+            if not used[j] and same(x, y):
                 used[j] = True
                 break
         else:
@@ -1659,17 +1822,54 @@ def _match_unordered(a, b):
     return True
 
 
+def _unlabelled(items):
+    """List items without their labels, a labelled list (x = \\pm 2) spread out."""
+    out = []
+    for it in items:
+        if it[0] == "lab":
+            it = it[2]
+        out.extend(it[1] if it[0] == "uset" else (it,))
+    return out
+
+
+def _parts(items):
+    """List items with their labels, a labelled list spread out (x = \\pm 2: x = 2, x = -2)."""
+    out = []
+    for it in items:
+        if it[0] == "lab" and it[2][0] == "uset":
+            out.extend(("lab", it[1], v) for v in it[2][1])
+        elif it[0] == "uset":
+            out.extend(it[1])
+        else:
+            out.append(it)
+    return out
+
+
+def _same_part(a, b):
+    if a[0] == "lab" and b[0] == "lab" and a[1] != b[1]:
+        return False
+    return _same(a, b)
+
+
 def _same(a, b):
     ka, kb = a[0], b[0]
+    # A label names the quantity: alone it is presentation (x = 5 == y = 5 == 5). In lists,
+    # labels pair values with quantities: where both parts carry one, the labels must agree
+    # (x = 1, y = 2 != x = 2, y = 1; AB = 4, CD = 5 == 4, 5). A greedy match under this rule
+    # can miss a pairing (a false negative) but never accepts a wrong one.
+    if ka == "lab":
+        return _same(a[2], b)
+    if kb == "lab":
+        return _same(a, b[2])
+    if ka == "uset" and kb == "uset":
+        return _match_unordered(_parts(a[1]), _parts(b[1]), _same_part)
     if ka == "union" or kb == "union":
         pa = a[1] if ka == "union" else (a,)
         pb = b[1] if kb == "union" else (b,)
         return _match_unordered(pa, pb)
-    if ka == "uset" and kb == "uset":
-        return _match_unordered(a[1], b[1])
     if ka == "uset" or kb == "uset":  # a one-element set equals its element: {5} == 5
         u, o = (a, b) if ka == "uset" else (b, a)
-        items = _dedup(u[1])
+        items = _dedup(_unlabelled(u[1]))
         return len(items) == 1 and _same(items[0], o)
     if ka == "seq" and kb == "seq":
         return (a[1] == b[1] and a[2] == b[2] and len(a[3]) == len(b[3])
