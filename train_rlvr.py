@@ -127,19 +127,25 @@ def _coerce(key: str, value, typ: type):
 
 def validate_config(cfg: Config) -> None:
     checks = [
-        ("group_size", cfg.group_size >= 2, "an integer >= 2 (advantages need a sample std)"),
+        ("group_size", 2 <= cfg.group_size <= 65536, "an integer in [2, 65536] (advantages need a sample std)"),
         ("temperature", cfg.temperature > 0, "a number > 0"),
         ("top_p", 0 < cfg.top_p <= 1, "a number in (0, 1]"),
-        ("max_new_tokens", cfg.max_new_tokens >= 1, "an integer >= 1"),
+        ("max_new_tokens", 1 <= cfg.max_new_tokens <= 2**20, "an integer in [1, 1048576]"),
         ("num_problems", cfg.num_problems >= 1, "an integer >= 1"),
         ("start_index", cfg.start_index >= 0, "an integer >= 0"),
-        ("learning_rate", cfg.learning_rate > 0, "a number > 0"),
-        ("weight_decay", cfg.weight_decay >= 0, "a number >= 0"),
+        # AdamW turns lr / (1 - beta1**t) and lr * weight_decay into float32 scalars: beyond ~3e38 it raises
+        ("learning_rate", 0 < cfg.learning_rate <= 1e37, "a number in (0, 1e37] (AdamW's step size is a float32)"),
+        ("weight_decay", 0 <= cfg.weight_decay and cfg.learning_rate * cfg.weight_decay <= 1e37,
+         "a number >= 0 with learning_rate * weight_decay <= 1e37"),
         ("max_grad_norm", cfg.max_grad_norm > 0, "a number > 0"),
-        ("std_eps", cfg.std_eps > 0, "a number > 0 (it keeps a zero-variance group from dividing by 0)"),
+        # a value that rounds to 0 in float32 (the rewards' dtype) would make zero-variance groups 0/0 = NaN
+        ("std_eps", 0 < float(torch.tensor(cfg.std_eps, dtype=torch.float32)) < math.inf,
+         "a number > 0 that float32 can hold (>= 1e-45; it keeps a zero-variance group from dividing by 0)"),
+        ("seed", 0 <= cfg.seed < 2**63, "an integer in [0, 2**63) (torch's seeds are 64-bit)"),
         ("compile", cfg.compile in ("auto", "true", "false"), "auto, true or false"),
         ("logprob_batch_size", cfg.logprob_batch_size >= 1, "an integer >= 1"),
-        ("verifier_timeout", cfg.verifier_timeout > 0, "a number of seconds > 0"),
+        # the worker's poll timer takes up to ~24 days (2**31 ms); a day is more than any answer needs
+        ("verifier_timeout", 0 < cfg.verifier_timeout <= 86400, "a number of seconds in (0, 86400]"),
         ("bad_records", cfg.bad_records in ("stop", "skip"), "stop or skip"),
         ("max_bad_steps", cfg.max_bad_steps >= 1, "an integer >= 1"),
         ("save_every", cfg.save_every >= 0, "an integer >= 0 (0: only after the last step)"),
@@ -170,9 +176,14 @@ def load_config(argv: list[str] | None = None) -> Config:
     path = Path(args.config)
     if path.exists():
         try:
-            values = yaml.safe_load(path.read_text()) or {}
+            values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
             raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}")
+        except UnicodeDecodeError as e:
+            raise UserError(f"config file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                            f"{e.start}); save it as UTF-8")
+        except OSError as e:  # a folder, unreadable, ...
+            raise UserError(f"config file {path} cannot be read ({e.strerror or e}); pass a YAML file to --config")
         if not isinstance(values, dict):
             raise UserError(f"config file {path} must hold 'key: value' lines")
     elif args.config != "config.yaml":
@@ -224,28 +235,98 @@ def autocast(device: torch.device, precision: str):
 # ----------------------------------------------------------------------------------------------
 # Data and prompt
 
-def load_problems(cfg: Config) -> list[dict]:
-    """The first num_problems records from start_index, in file order (never shuffled)."""
+DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".json.gz": "json", ".jsonl.gz": "json", ".parquet": "parquet"}
+
+
+def data_builder(source: str) -> str | None:
+    """The datasets builder for a file name or URL ("json" reads .gz too), None for a hub name."""
+    name = source.split("?")[0].lower()
+    return next((b for suffix, b in DATA_SUFFIXES.items() if name.endswith(suffix)), None)
+
+
+def check_data_file(path: Path, what: str) -> None:
+    """Find what makes a local file unreadable before datasets does, to name it: an empty file,
+    bytes that are not UTF-8, the first JSON line that does not parse (JSONL) or the error's line."""
+    import gzip
+
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a folder; set it to a .json/.jsonl/.json.gz/.jsonl.gz/.parquet file")
+    if path.stat().st_size == 0:
+        raise UserError(f"{what} file {path} is empty; point it at a file of records")
+    if data_builder(str(path)) != "json":
+        return
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.name.lower().endswith(".gz") else path.read_bytes()
+    except (OSError, EOFError) as e:
+        raise UserError(f"{what} file {path} is not a readable gzip file ({e}); re-download or unpack it")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise UserError(f"{what} file {path} is not UTF-8 text (byte {raw[e.start]:#04x} on line {line}); "
+                        "save it as UTF-8")
+    if not text.strip():
+        raise UserError(f"{what} file {path} holds no records; point it at a file of records")
+    if path.name.lower().removesuffix(".gz").endswith(".json") and text.lstrip()[:1] in "[{":
+        try:
+            json.loads(text)
+            return
+        except json.JSONDecodeError as e:
+            if text.lstrip()[:1] == "[":
+                raise UserError(f"{what} file {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}")
+    for number, line in enumerate(text.splitlines(), 1):  # JSON Lines: one record per line
+        if line.strip():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{what} file {path} line {number} is not a JSON record ({e.msg}, column {e.colno}); "
+                                "fix or remove that line")
+
+
+def network_problem(source: str) -> str | None:
+    """Why a URL or hub name cannot be fetched, if the cause is the network: the host does not resolve."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(source).hostname if "://" in source else "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as e:
+        return f"no network: cannot resolve {host} ({e.strerror or e})"
+    return None
+
+
+def load_records(source: str, split: str, what: str = "dataset"):
+    """A datasets.Dataset from a hub name, a URL or a local .json/.jsonl(.gz)/.parquet file;
+    every failure a one-line UserError naming the source and the fix."""
     import datasets
 
     datasets.disable_progress_bars()
-    src = cfg.dataset
-    suffix = src.split("?")[0].lower().rsplit(".", 1)[-1] if "." in src else ""
-    builder = {"json": "json", "jsonl": "json", "parquet": "parquet"}.get(suffix)
-    is_url = src.startswith(("http://", "https://"))
+    builder = data_builder(source)
+    is_url = source.startswith(("http://", "https://"))
+    local = Path(source)
+    if not is_url and local.exists():
+        if builder is None and not local.is_dir():
+            raise UserError(f"{what} file {source} is not a .json/.jsonl/.json.gz/.jsonl.gz/.parquet file")
+        check_data_file(local, what)
+    elif builder and not is_url:
+        raise UserError(f"{what} file {source} not found; set {what}: to an existing file, a URL or a hub name")
     try:
-        if builder and (is_url or Path(src).exists()):
-            ds = datasets.load_dataset(builder, data_files=src, split="train")
-        elif builder or Path(src).exists():
-            raise UserError(f"dataset file {src} not found (or not a .json/.jsonl/.parquet file); "
-                            "set dataset: to an existing file, a URL or a hub name")
-        else:
-            ds = datasets.load_dataset(src, split=cfg.dataset_split)
-    except UserError:
-        raise
+        if builder:
+            return datasets.load_dataset(builder, data_files=source, split="train")
+        return datasets.load_dataset(source, split=split)
     except Exception as e:  # network, hub or format problems: one line, not a traceback
-        raise UserError(f"could not load dataset {src!r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        offline = None if local.exists() else network_problem(source)
+        if offline:
+            raise UserError(f"could not load {what} {source!r}: {offline}; connect to the internet, or download it "
+                            f"and set {what}: to the local file")
+        detail = str(e).splitlines()[0] if str(e) else ""
+        raise UserError(f"could not load {what} {source!r}: {type(e).__name__}: {detail}")
 
+
+def load_problems(cfg: Config) -> list[dict]:
+    """The first num_problems records from start_index, in file order (never shuffled)."""
+    ds = load_records(cfg.dataset, cfg.dataset_split)
     for key in ("problem_field", "answer_field"):
         field = getattr(cfg, key)
         if field not in ds.column_names:
@@ -386,6 +467,23 @@ def compile_decode(cfg: Config, device: torch.device) -> bool:
     return cfg.compile == "true" or (cfg.compile == "auto" and device.type == "cuda")
 
 
+def cache_arg(model) -> str:
+    """The name of forward's KV-cache argument: transformers 5.24 renamed past_key_values to cache
+    (the old name goes away in 5.40); earlier 5.x releases know only past_key_values."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def next_token_scores(model, ids: torch.Tensor, cache, cache_name: str, **kwargs) -> torch.Tensor:
+    """The last position's logits of a forward pass that reads and extends the KV cache."""
+    return model(ids, **{cache_name: cache}, use_cache=True, logits_to_keep=1, **kwargs).logits[:, -1]
+
+
+class NonFiniteScores(Exception):
+    """The model gave NaN or +inf logits: sampling from them would draw a token outside the vocabulary."""
+
+
 def bf16_linear_copy(model) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
     """A twin of `model` for sampling under bf16 autocast: every nn.Linear weight (and bias) held in
     bfloat16, every other tensor (embeddings, norms, buffers) shared with the float32 master.
@@ -425,6 +523,8 @@ class StaticDecoder:
         self.device_type = next(model.parameters()).device.type
         self.model, self.pairs = bf16_linear_copy(model) if self.bf16 else (model, [])
         self.cache, self.cache_len, self.batch_size = None, 0, 0
+        self.cache_name = cache_arg(self.model)
+        self.checked = False  # compared with eager decoding at the first generation (check_compiled_decode)
         mode = "reduce-overhead" if self.device_type == "cuda" else "default"
         self.compiled_step = torch.compile(self._forward, mode=mode, dynamic=False)
 
@@ -433,7 +533,7 @@ class StaticDecoder:
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         with self._amp():
-            return self.model(ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            return next_token_scores(self.model, ids, self.cache, self.cache_name)
 
     def prefill(self, batch: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Refresh the bf16 twin, run the prompt eagerly (its length varies) into a DynamicCache,
@@ -446,7 +546,7 @@ class StaticDecoder:
             low.copy_(master)
         prompt_cache = DynamicCache(config=self.model.config)
         with self._amp():
-            logits = self.model(batch, past_key_values=prompt_cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            logits = next_token_scores(self.model, batch, prompt_cache, self.cache_name)
         need = batch.shape[1] + max_new_tokens
         if self.cache is None or need > self.cache_len or batch.shape[0] != self.batch_size:
             self.cache_len, self.batch_size = -(-need // 256) * 256, batch.shape[0]
@@ -501,8 +601,9 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
         if compile_decode(cfg, prompt_ids.device) and not COMPILE_FAILED:
             states = [g.get_state() for g in streams]
             try:
+                check_compiled_decode(model, prompt_ids, cfg, amp)
                 return _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled=True)
-            except (torch.OutOfMemoryError, Interrupted):
+            except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
                 raise
             except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
                 COMPILE_FAILED.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -517,6 +618,54 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
 COMPILE_FAILED: list[str] = []  # why the compiled decoder failed in this process, if it did
 
 
+def compiled_decode_difference(decoder: StaticDecoder, model, prompt_ids: torch.Tensor, cfg: Config, amp,
+                               steps: int = 4) -> tuple[float, float]:
+    """(max |compiled - eager| over the logits of a prefill and `steps` decode steps, the largest
+    |eager logit|): both fed the same tokens (eager's argmax) from the same prompt, at the
+    generation's batch shape, so the compiled graph checked is the one generation then uses."""
+    from transformers import DynamicCache
+
+    batch = prompt_ids.unsqueeze(0).repeat(cfg.group_size, 1)
+    cache, name = DynamicCache(config=model.config), cache_arg(model)
+    compiled = decoder.prefill(batch, cfg.max_new_tokens)
+    with amp:
+        eager = next_token_scores(model, batch, cache, name)
+    worst, scale = (compiled.float() - eager.float()).abs().max(), eager.float().abs().max()
+    for _ in range(steps):
+        ids = eager.argmax(dim=-1, keepdim=True)
+        compiled = decoder.step(ids)
+        with amp:
+            eager = next_token_scores(model, ids, cache, name)
+        worst = torch.maximum(worst, (compiled.float() - eager.float()).abs().max())
+        scale = torch.maximum(scale, eager.float().abs().max())
+    return float(worst), float(scale)
+
+
+def compiled_tolerance(scale: float, bf16: bool) -> float:
+    """How far compiled logits may lie from eager ones: different kernels round differently, by a
+    few units in the last place of the compute dtype, relative to the largest |logit| (`scale`).
+    Measured (python benchmarks/compiled_vs_eager.py, CPU inductor, 8 decode steps): float32 up to
+    6e-7 x scale, bf16 autocast up to 6.5e-3 x scale here and 1.9e-2 (0.125 at 6.6) in an earlier
+    measurement. Tolerances: float32 1e-5, bf16 1/16 (8 bf16 ulps): a real fault (a decode step
+    without its context, a stale weight copy) moves logits by a sizeable part of their range."""
+    return (0.0625 if bf16 else 1e-5) * max(scale, 1.0)
+
+
+def check_compiled_decode(model, prompt_ids: torch.Tensor, cfg: Config, amp) -> None:
+    """At the first compiled generation of the process: compare a few decode steps with eager
+    decoding; beyond the tolerance raise, so that generate_rollouts falls back to eager with the
+    difference on stderr."""
+    decoder = static_decoder(model, amp)
+    if decoder.checked:
+        return
+    worst, scale = compiled_decode_difference(decoder, model, prompt_ids, cfg, amp)
+    tolerance = compiled_tolerance(scale, decoder.bf16)
+    if not worst <= tolerance:  # NaN fails too
+        raise RuntimeError(f"its logits differ from eager decoding by {worst:.3g} (tolerance {tolerance:.3g} "
+                           f"for logits up to {scale:.3g})")
+    decoder.checked = True
+
+
 def _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled: bool):
     rows = len(streams)
     batch = prompt_ids.unsqueeze(0).repeat(rows, 1)  # same prompt: no padding needed
@@ -527,13 +676,13 @@ def _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled: bool):
     else:
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=model.config)
+        cache, name = DynamicCache(config=model.config), cache_arg(model)
         with amp:
-            logits = model(batch, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            logits = next_token_scores(model, batch, cache, name)
 
         def step(ids):
             with amp:
-                return model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                return next_token_scores(model, ids, cache, name)
     tokens = torch.full((rows, cfg.max_new_tokens), eos_id, dtype=torch.long, device=prompt_ids.device)
     finished = torch.zeros(rows, dtype=torch.bool, device=prompt_ids.device)
     steps = 0
@@ -543,7 +692,13 @@ def _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled: bool):
         tokens[:, t] = nxt
         finished |= nxt == eos_id
         steps = t + 1
-        if t + 1 == cfg.max_new_tokens or bool(finished.all()):
+        # one host sync per token, as before: whether all rows are done, and whether the scores were
+        # usable (NaN or +inf would have drawn an out-of-range id, which the next forward trips on)
+        unusable = (logits.isnan() | logits.isposinf()).any()
+        done, bad = torch.stack([finished.all(), unusable]).tolist()
+        if bad:
+            raise NonFiniteScores(f"the model's next-token scores are NaN or infinite at new token {t + 1}")
+        if t + 1 == cfg.max_new_tokens or done:
             break
         check_stop()  # safe point for SIGINT/SIGTERM
         logits = step(nxt[:, None])
@@ -668,13 +823,17 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
 # Optimizer step
 
 def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
-                   before: list[torch.Tensor] | None = None) -> tuple[float, float | None]:
+                   before: list[torch.Tensor] | None = None, state_before: dict | None = None
+                   ) -> tuple[float, float | None]:
     """clip_grad_norm_ (it returns the norm BEFORE clipping), then one AdamW step.
 
     The update norm is measured: the weights are copied into `before` (float32 buffers reused from
     step to step; on CUDA in pinned host memory, sparing the card a second copy of the weights) and
     compared after the step. A non-finite loss or gradient norm skips the step, touching no weight
-    and no optimizer state: update norm None."""
+    and no optimizer state: update norm None. So does a step that leaves a weight non-finite (a
+    learning rate far too large): its weights and AdamW state are put back as they were before it,
+    from `before` and a copy of the state taken just before the step (`state_before`: reused host
+    buffers, like `before`)."""
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     if not (math.isfinite(grad_norm) and math.isfinite(loss)):
         return grad_norm, None
@@ -682,14 +841,59 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
         before = [torch.empty_like(p, dtype=torch.float32) for p in params]
     for b, p in zip(before, params):
         b.copy_(p.detach(), non_blocking=True)  # stream-ordered before the step's in-place updates
+    saved = snapshot_optimizer_state(optimizer, {} if state_before is None else state_before)
     optimizer.step()
     weights = [p.detach() for p in params]
+    if not bool(torch.stack(torch._foreach_norm(weights, math.inf)).isfinite().all()):  # max |w|: no overflow
+        with torch.no_grad():
+            for p, b in zip(params, before):
+                p.copy_(b)
+        restore_optimizer_state(optimizer, saved)
+        return grad_norm, None
+    return grad_norm, update_norm(before, weights)
+
+
+def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
+    """||weights - before||, accumulated in float64 (no overflow). Buffers on the weights' device
+    are overwritten with the difference (no temporary copy of the model); host buffers of CUDA
+    weights are moved over one tensor at a time. The same arithmetic either way."""
     if before[0].device == weights[0].device:
         torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
-        norms = torch._foreach_norm(before)
+        norms = torch._foreach_norm(before, 2, dtype=torch.float64)
     else:
-        norms = [torch.linalg.vector_norm(w.float() - b.to(w.device, non_blocking=True)) for w, b in zip(weights, before)]
-    return grad_norm, float(torch.linalg.vector_norm(torch.stack(norms).double()))
+        norms = [torch.linalg.vector_norm(b.to(w.device, non_blocking=True) - w.float(), dtype=torch.float64)
+                 for w, b in zip(weights, before)]
+    return float(torch.linalg.vector_norm(torch.stack(norms)))
+
+
+def snapshot_optimizer_state(optimizer, buffers: dict) -> dict:
+    """The optimizer's per-parameter state as it is now: tensors copied into `buffers` (host memory,
+    pinned for CUDA tensors, allocated on first use and reused), everything else by value."""
+    saved = {}
+    for p, state in optimizer.state.items():
+        saved[p] = {}
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                buf = buffers.get((id(p), key))
+                if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+                    buf = buffers[(id(p), key)] = torch.empty(value.shape, dtype=value.dtype, device="cpu",
+                                                              pin_memory=value.is_cuda)
+                buf.copy_(value, non_blocking=True)
+                value = buf
+            saved[p][key] = value
+    return saved
+
+
+def restore_optimizer_state(optimizer, saved: dict) -> None:
+    for p in list(optimizer.state):
+        if p not in saved:  # the state was created by the step being undone (the run's first)
+            del optimizer.state[p]
+            continue
+        for key, value in saved[p].items():
+            if torch.is_tensor(value):
+                optimizer.state[p][key].copy_(value)
+            else:
+                optimizer.state[p][key] = value
 
 
 def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
@@ -819,9 +1023,17 @@ def install_signal_handlers() -> dict:
     return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
+LOG_FILES = ("metrics.jsonl", "rollouts.jsonl")  # a run's logs; every checkpoint holds a copy
+RUN_FILES = (*LOG_FILES, "config.yaml")           # what a run writes at the top of output_dir
+CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json", "config.yaml", *LOG_FILES)
+MANIFEST = "manifest.json"                       # size and sha256 of every file beside it, written last
+LOCK_FILE = ".rlvr.lock"
+
+
 def list_checkpoints(out: Path) -> list[Path]:
-    """Complete checkpoints, oldest first. A half-written one never carries the final name."""
-    found = [p for p in (out / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+    """Checkpoint folders, oldest first. A half-written one never carries the final name (it is
+    written as .tmp-step-N and renamed); whether one is intact, verify_checkpoint says."""
+    found = [p for p in (out / "checkpoints").glob("step-*") if p.name[5:].isdigit() and p.is_dir()]
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
@@ -833,48 +1045,145 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def sha256_file(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path, step: int | None) -> None:
+    files = {f.name: {"size": f.stat().st_size, "sha256": sha256_file(f)}
+             for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps({"rlvr": 1, "step": step, "files": files}, indent=1))
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The manifest of a folder rlvr wrote, or None (missing, unreadable, or someone else's)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """What is wrong with a checkpoint folder, or None when it is intact: every file its manifest
+    lists is there with its size and sha256, and the step counter, the manifest and the logs agree."""
+    manifest = read_manifest(ckpt)
+    if manifest is None:
+        return f"{MANIFEST} is missing or unreadable"
+    files = manifest["files"]
+    for name in CHECKPOINT_FILES:
+        if name not in files:
+            return f"{MANIFEST} does not list {name}"
+    for name, want in files.items():  # sizes first (cheap), then the contents
+        f = ckpt / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != want.get("size"):
+            return f"{name} has {f.stat().st_size} bytes, its manifest says {want.get('size')} (truncated or replaced)"
+    for name, want in files.items():
+        if sha256_file(ckpt / name) != want.get("sha256"):
+            return f"{name} does not match the sha256 in its manifest (damaged)"
+    try:
+        step = json.loads((ckpt / "state.json").read_text())["step"]
+        logged = [json.loads(line)["step"] for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    except (ValueError, KeyError, TypeError):
+        return "state.json or metrics.jsonl does not hold what rlvr writes"
+    if not (step == manifest.get("step") and logged == list(range(1, step + 1))):
+        return (f"its step counter ({step}), manifest ({manifest.get('step')}) and metrics.jsonl "
+                f"({len(logged)} steps) disagree")
+    return None
+
+
+def checkpoint_bytes(model, optimizer, out: Path) -> int:
+    """About what a checkpoint takes on disk: the weights, the AdamW state and the logs."""
+    tensors = {t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}  # tied once
+    state = [v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+    return (sum(tensors.values()) + sum(v.numel() * v.element_size() for v in state)
+            + sum((out / name).stat().st_size for name in LOG_FILES))
+
+
+def no_space_message(folder: Path, need: int) -> str:
+    free = shutil.disk_usage(folder).free
+    return (f"no space left in {folder}: a checkpoint needs about {need / 1e9:.2f} GB and {free / 1e9:.2f} GB are "
+            "free; free some space (the README lists what a run needs)")
+
+
 def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_record: int | None) -> Path:
-    """Weights, optimizer state, step counter, config and the logs up to this step (no RNG state:
-    every rollout's stream is derived from (seed, step, rollout), see rollout_streams),
-    written to a temporary folder, fsynced, then renamed into place: a crash mid-write leaves the
-    previous checkpoints intact. Keeps the last keep_last."""
+    """Weights, optimizer state, step counter, config and the logs up to this step, with a manifest
+    (size and sha256 of each file), written to a temporary folder, fsynced, then renamed into
+    place: a crash mid-write leaves the previous checkpoints intact. Keeps the last keep_last.
+    No RNG state: every rollout's stream is derived from (seed, step, rollout), see rollout_streams.
+    A full disk raises StopRun with the space needed, after removing the partial folder."""
+    import errno
+
     from safetensors.torch import save_model
 
     root = out / "checkpoints"
     root.mkdir(exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    need = checkpoint_bytes(model, optimizer, out)
+    if shutil.disk_usage(root).free < need:
+        raise StopRun(no_space_message(root, need))
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    for name in ("metrics.jsonl", "rollouts.jsonl"):
-        shutil.copyfile(out / name, tmp / name)
-    (tmp / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
-    # data position: the dataset record of the next step (None after the last)
-    (tmp / "state.json").write_text(json.dumps({"step": step, "next_record": next_record}))
-    for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
+    try:
+        tmp.mkdir()
+        save_model(model, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        for name in LOG_FILES:
+            shutil.copyfile(out / name, tmp / name)
+        (tmp / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
+        # data position: the dataset record of the next step (None after the last)
+        (tmp / "state.json").write_text(json.dumps({"step": step, "next_record": next_record}))
+        write_manifest(tmp, step)
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+    except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as "unexpected pos"
+        shutil.rmtree(tmp, ignore_errors=True)
+        if getattr(e, "errno", None) == errno.ENOSPC or shutil.disk_usage(root).free < need:
+            raise StopRun(no_space_message(root, need)) from None
+        raise
+    if final.exists() and read_manifest(final) is None:  # not verifiably ours: kept, under another name
+        aside = root / f"{final.name}.kept-{int(time.time())}"
+        os.rename(final, aside)
+        progress(f"{final} has no rlvr manifest; moved it to {aside} instead of replacing it")
     if final.exists():  # resumed from an older checkpoint: this step is being written again
         old = root / f".old-{final.name}-{os.getpid()}"
         os.rename(final, old)
-        os.rename(tmp, final)
+        os.rename(tmp, final)  # a crash between the renames: recover_checkpoint_rewrite restores old
         shutil.rmtree(old)
     else:
         os.rename(tmp, final)
     _fsync(root)
-    for stale in list_checkpoints(out)[:-cfg.keep_last]:
-        shutil.rmtree(stale)
+    ours = [c for c in list_checkpoints(out) if read_manifest(c) is not None]
+    for stale in ours[:-cfg.keep_last]:
+        remove_own_files(stale)
     return final
+
+
+def recover_checkpoint_rewrite(root: Path) -> None:
+    """A crash between the two renames of a rewrite leaves .old-step-N-<pid> and no step-N: put it
+    back (before anything looks for checkpoints, and before leftovers are removed)."""
+    for old in sorted(root.glob(".old-step-*")):
+        name = old.name[len(".old-"):].rsplit("-", 1)[0]
+        if not (root / name).exists():
+            os.rename(old, root / name)
 
 
 def next_record(problems: list[dict], steps_done: int) -> int | None:
     return problems[steps_done]["index"] if steps_done < len(problems) else None
 
 
-def load_checkpoint(ckpt: Path, out: Path, model, optimizer, problems: list[dict]) -> list[dict]:
-    """Restore weights, optimizer and RNG states, and the logs; return the metrics of the steps done."""
+def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[dict]:
+    """Restore the weights and the optimizer state of a verified checkpoint; return the metrics of
+    the steps it has done (its step counter, checked against its logs by verify_checkpoint)."""
     from safetensors.torch import load_model
 
     state = json.loads((ckpt / "state.json").read_text())
@@ -882,28 +1191,53 @@ def load_checkpoint(ckpt: Path, out: Path, model, optimizer, problems: list[dict
     if state.get("next_record") is not None and here != state["next_record"]:
         raise UserError(f"cannot resume {ckpt}: its next problem is dataset record {state['next_record']}, "
                         f"but the data now give record {here}; the data set changed since the checkpoint")
+    for name, load in (
+            ("model.safetensors", lambda f: load_model(model, str(f), device=str(next(model.parameters()).device))),
+            ("optimizer.pt", lambda f: optimizer.load_state_dict(torch.load(f, map_location="cpu", weights_only=True)))):
+        try:
+            load(ckpt / name)
+        except Exception as e:  # intact file of another model or optimizer: name it, not torch's advice
+            raise UserError(f"cannot resume {ckpt}: {name} does not fit this model and optimizer "
+                            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    return [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
 
-    load_model(model, str(ckpt / "model.safetensors"), device=str(next(model.parameters()).device))
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
-    for name in ("metrics.jsonl", "rollouts.jsonl"):  # drops any step logged after this checkpoint
-        shutil.copyfile(ckpt / name, out / name)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
-
-def find_resume_checkpoint(cfg: Config, out: Path) -> Path | None:
+def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | None:
+    """The checkpoint to resume: resume=auto takes the newest intact one in output_dir and names
+    the damaged ones it skips; an explicit PATH must be intact, and may lie outside output_dir only
+    when output_dir holds no other run (or with overwrite=true)."""
     if not cfg.resume:
         return None
     if cfg.resume == "auto":
-        found = list_checkpoints(out)
-        if not found:  # nothing to resume (the run died before its first checkpoint): start over
+        found, skipped, ckpt = list_checkpoints(out), [], None
+        for candidate in reversed(found):
+            problem = verify_checkpoint(candidate)
+            if problem is None:
+                ckpt = candidate
+                break
+            skipped.append(f"{candidate.name} ({problem})")
+        if skipped:
+            progress(f"resume=auto: skipping damaged checkpoints: {'; '.join(skipped)}")
+        if ckpt is None:
+            if found and not cfg.overwrite:
+                raise UserError(f"resume=auto: no intact checkpoint in {out / 'checkpoints'}; resume=PATH an intact "
+                                "one, or start over with overwrite=true")
             progress(f"resume=auto: no checkpoint in {out / 'checkpoints'}; starting at step 1")
             return None
-        ckpt = found[-1]
     else:
         ckpt = Path(cfg.resume)
-    if not (ckpt / "state.json").exists():
-        raise UserError(f"resume: {ckpt} is not a checkpoint folder; use resume=auto or a folder under "
-                        f"{out / 'checkpoints'}")
+        if not (ckpt / MANIFEST).exists() and not (ckpt / "state.json").exists():
+            raise UserError(f"resume: {ckpt} is not a checkpoint folder; use resume=auto or a folder under "
+                            f"{out / 'checkpoints'}")
+        problem = verify_checkpoint(ckpt)
+        if problem:
+            raise UserError(f"cannot resume {ckpt}: {problem}; resume another checkpoint (resume=auto takes the "
+                            "newest intact one)")
+        inside = ckpt.resolve().parent == (out / "checkpoints").resolve()
+        if not inside and holds and not cfg.overwrite:
+            raise UserError(f"resume={ckpt} is not a checkpoint of output_dir {out}, which holds another run "
+                            f"({', '.join(holds)}); set output_dir to the checkpoint's run, choose an empty "
+                            "output_dir, or pass overwrite=true to replace that run")
     saved = dataclasses.asdict(Config())
     saved.update(yaml.safe_load((ckpt / "config.yaml").read_text()) or {})
     differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_MAY_DIFFER and saved.get(k) != v]
@@ -916,30 +1250,129 @@ def find_resume_checkpoint(cfg: Config, out: Path) -> Path | None:
     return ckpt
 
 
-def prepare_output_dir(cfg: Config) -> tuple[Path, Path | None]:
-    """The output folder and the checkpoint to resume, if any. An existing run is never replaced
-    silently: that takes resume or overwrite."""
-    out = Path(cfg.output_dir)
-    ckpt = find_resume_checkpoint(cfg, out)
-    if ckpt is None:
-        if ((out / "metrics.jsonl").exists() or list_checkpoints(out)) and not (cfg.overwrite or cfg.resume == "auto"):
-            raise UserError(f"output_dir {out} already holds a run; resume it with resume=auto, "
-                            "choose another output_dir, or pass overwrite=true")
+def held_run(out: Path) -> list[str]:
+    """What in output_dir a new run would replace: logs with a step in them, checkpoints, final/
+    (whoever wrote them). Empty logs of a start that failed before its first step do not count."""
+    found = [name for name in LOG_FILES if (out / name).is_file() and (out / name).stat().st_size > 0]
+    for folder in ("checkpoints", "final"):
+        if (out / folder).is_dir() and any((out / folder).iterdir()):
+            found.append(f"{folder}/")
+    return found
+
+
+def foreign_files(out: Path) -> list[Path]:
+    """Files where a run writes (final/, checkpoints/step-*) that no rlvr manifest lists."""
+    found = []
+    for folder in [out / "final", *list_checkpoints(out)]:
+        if folder.is_dir():
+            listed = set((read_manifest(folder) or {"files": {}})["files"]) | {MANIFEST}
+            found += [f for f in folder.iterdir() if f.name not in listed]
+    return found
+
+
+def remove_own_files(folder: Path) -> None:
+    """Delete the files folder's manifest lists and the manifest, then the folder if nothing else
+    is in it: whatever rlvr did not write itself stays."""
+    for name in (read_manifest(folder) or {"files": {}})["files"]:
+        (folder / name).unlink(missing_ok=True)
+    (folder / MANIFEST).unlink(missing_ok=True)
+    if not any(folder.iterdir()):
+        folder.rmdir()
+
+
+@dataclass
+class OutputDir:
+    """output_dir, locked for the life of the process. Nothing in it changes before begin_output,
+    which runs once the data and the model have loaded."""
+    path: Path
+    resume_from: Path | None
+    replace: bool      # overwrite: remove the previous run's own files in begin_output
+    created: bool      # made by this process (removed again if the start fails)
+    lock_fd: int
+
+
+def lock_output_dir(out: Path) -> tuple[int, bool]:
+    """An exclusive lock on output_dir, released by the OS when the process ends however it ends."""
+    import fcntl
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output_dir {out} is a file; choose a folder path for output_dir")
+    created = not out.exists()
+    try:
         out.mkdir(parents=True, exist_ok=True)
-        for name in ("metrics.jsonl", "rollouts.jsonl"):
-            (out / name).unlink(missing_ok=True)
-            (out / name).touch()
-        for folder in ("checkpoints", "final"):
-            shutil.rmtree(out / folder, ignore_errors=True)
-    for stale in (out / "checkpoints").glob(".*-step-*"):  # left by a crash mid-write
+        fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise UserError(f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UserError(f"output_dir {out} is in use by another run (pid {holder}); wait for it to finish or "
+                        "choose another output_dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, created
+
+
+def prepare_output_dir(cfg: Config) -> OutputDir:
+    """Lock output_dir and decide what happens to it: resume a checkpoint, replace a run
+    (overwrite=true), or start in a folder that holds none. Changes nothing yet: an existing run
+    is never replaced silently, and never before everything the new run needs has loaded."""
+    out = Path(cfg.output_dir)
+    fd, created = lock_output_dir(out)
+    try:
+        if (out / "checkpoints").is_dir():
+            recover_checkpoint_rewrite(out / "checkpoints")  # restores our own folder; deletes nothing
+        holds = held_run(out)
+        ckpt = find_resume_checkpoint(cfg, out, holds)
+        if ckpt is None and holds and not (cfg.overwrite or cfg.resume == "auto"):
+            raise UserError(f"output_dir {out} already holds a run ({', '.join(holds)}); resume it with "
+                            "resume=auto, choose another output_dir, or pass overwrite=true")
+        replace = bool(holds) and (ckpt is None or ckpt.resolve().parent != (out / "checkpoints").resolve())
+        foreign = foreign_files(out) if replace else []
+        if foreign:
+            raise UserError(f"output_dir {out} holds files rlvr did not write where a run writes ({foreign[0]}"
+                            f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); move them away or "
+                            "choose another output_dir")
+    except BaseException:
+        release_output_dir(OutputDir(out, None, False, created, fd))
+        raise
+    return OutputDir(out, ckpt, replace, created, fd)
+
+
+def begin_output(od: OutputDir, cfg: Config) -> None:
+    """Everything has loaded: now replace the previous run's own files (overwrite=true), recover or
+    remove the leftovers of an interrupted checkpoint write, and start (or restore) the logs."""
+    out, root = od.path, od.path / "checkpoints"
+    for stale in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:  # interrupted writes (ours by name)
         shutil.rmtree(stale, ignore_errors=True)
+    if od.replace:
+        for name in RUN_FILES:
+            (out / name).unlink(missing_ok=True)
+        for folder in [*list_checkpoints(out), out / "final"]:
+            if folder.is_dir() and read_manifest(folder) is not None:
+                remove_own_files(folder)
+    for name in LOG_FILES:
+        if od.resume_from is None:
+            (out / name).write_text("")
+        else:  # drops any step logged after this checkpoint
+            shutil.copyfile(od.resume_from / name, out / name)
     (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
-    return out, ckpt
+
+
+def release_output_dir(od: OutputDir) -> None:
+    """Unlock; a folder this process made and left empty (the start failed) is removed again."""
+    os.close(od.lock_fd)
+    if od.created and [p.name for p in od.path.iterdir()] == [LOCK_FILE]:
+        (od.path / LOCK_FILE).unlink()
+        od.path.rmdir()
 
 
 def save_final(model, tokenizer, out: Path) -> None:
     model.save_pretrained(out / "final", safe_serialization=True)
     tokenizer.save_pretrained(out / "final")
+    write_manifest(out / "final", None)  # marks every file as rlvr's own (overwrite removes exactly these)
 
 
 def resume_command(argv: list[str]) -> str:
@@ -956,7 +1389,7 @@ def sync(device: torch.device) -> None:
 
 
 def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, device, precision,
-               eos_id, weights_before=None) -> tuple[dict, list[dict]]:
+               eos_id, weights_before=None, state_before=None) -> tuple[dict, list[dict]]:
     """One problem: rollouts, rewards, advantages, per-response backward, clip, one AdamW step."""
     amp = autocast(device, precision)
     timings = {}
@@ -971,6 +1404,9 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
         raise StopRun(f"CUDA out of memory at step {step} while generating {cfg.group_size} rollouts of up to "
                       f"{cfg.max_new_tokens} tokens after a {len(prompt_ids)}-token prompt; lower max_new_tokens "
                       "or group_size, or set precision: bf16") from None
+    except NonFiniteScores as e:
+        raise StopRun(f"step {step}: {e}; the weights no longer give finite scores (lower learning_rate; "
+                      "the checkpoint holds the last completed step)") from None
     sync(device)
     timings["generation"] = time.perf_counter() - t0
     check_stop()
@@ -998,7 +1434,7 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
     check_stop()
 
     t = time.perf_counter()
-    grad_norm, update_norm = optimizer_step(params, optimizer, cfg.max_grad_norm, loss, weights_before)
+    grad_norm, moved = optimizer_step(params, optimizer, cfg.max_grad_norm, loss, weights_before, state_before)
     sync(device)
     timings["optimizer"] = time.perf_counter() - t
     timings["step"] = time.perf_counter() - t0
@@ -1014,8 +1450,8 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
         "response_tokens": sum(len(r) for r in responses),
         "policy_loss": loss,
         "grad_norm": grad_norm,
-        "update_norm": update_norm,
-        "skipped": update_norm is None,
+        "update_norm": moved,
+        "skipped": moved is None,
         "seconds": timings["step"],
         "cut_at_limit": sum(cut),
         "no_answer": statuses.count("no_answer"),
@@ -1048,9 +1484,12 @@ def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.model, revision=cfg.revision)
         model = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, dtype=dtype)
-    except (OSError, ValueError) as e:
-        raise UserError(f"could not load model {cfg.model!r} at revision {cfg.revision!r}: "
-                        f"{str(e).splitlines()[0]}; set model: to a hub id or a local folder")
+    except Exception as e:  # missing, unreachable, truncated or foreign files: one line, not a traceback
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        hint = "set model: to a hub id or a local folder"
+        if not Path(cfg.model).exists() and network_problem("https://huggingface.co"):
+            hint = f"{network_problem('https://huggingface.co')}; connect, or set model: to a local folder"
+        raise UserError(f"could not load model {cfg.model!r} at revision {cfg.revision!r}: {detail}; {hint}") from None
     return model.to(device).eval(), tokenizer, resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
 
 
@@ -1062,49 +1501,99 @@ def resolve_eos_id(tokenizer, cfg: Config, vocab_size: int) -> int:
     return eos_id
 
 
+def available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # unknown: do not refuse
+
+
+def check_memory(cfg: Config, model, problems: list[dict], device: torch.device) -> None:
+    """Refuse up front a group that cannot fit: the KV cache of group_size rollouts of the longest
+    prompt + max_new_tokens (keys and values of every layer, at 2 bytes each at the least) plus the
+    float32 scores of one decode step. A lower bound of what generation takes, so it never refuses a
+    run that could fit; it turns an allocation failure deep in step 1 into one line before it."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    length = max(len(p["prompt_ids"]) for p in problems) + cfg.max_new_tokens
+    need = cfg.group_size * (length * c.num_hidden_layers * 2 * kv_heads * head_dim * 2 + 3 * c.vocab_size * 4)
+    have = available_memory(device)
+    if need > have:
+        raise UserError(f"group_size {cfg.group_size} with max_new_tokens {cfg.max_new_tokens} needs at least "
+                        f"{need / 1e9:.1f} GB on {device} for generation, but {have / 1e9:.1f} GB are available; "
+                        "lower group_size or max_new_tokens")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    od = None
     try:
         cfg = load_config(argv)
         device = resolve_device(cfg)
         precision = resolve_precision(cfg, device)
-        out, ckpt = prepare_output_dir(cfg)
+        od = prepare_output_dir(cfg)
         problems = load_problems(cfg)
-        return run(cfg, device, precision, out, ckpt, problems, argv)
+        return run(cfg, device, precision, od, problems, argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before training started (the signal handlers take over after that)
+        print("interrupted while loading; output_dir was not changed", file=sys.stderr)
+        return 130
+    finally:
+        if od is not None:
+            release_output_dir(od)
 
 
-def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path | None,
-        problems: list[dict], argv: list[str]) -> int:
+def write_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, problems: list[dict]) -> str | None:
+    """save_checkpoint, or why it could not be written (a full disk: the previous ones are intact)."""
+    progress(f"[step {step}] writing checkpoint")
+    try:
+        save_checkpoint(out, step, model, optimizer, cfg, next_record(problems, step))
+        return None
+    except StopRun as e:
+        return str(e)
+
+
+def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
+        argv: list[str]) -> int:
     random.seed(cfg.seed)  # nothing here draws from these; seeded so that nothing a model does can vary
     torch.manual_seed(cfg.seed)
+    out = od.path
     progress(f"loading {cfg.model} on {device} ({precision})")
     model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
     problems = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings)
+    check_memory(cfg, model, problems, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    weights_before = update_norm_buffers(params, device)
+    weights_before, state_before = update_norm_buffers(params, device), {}
 
     history = []
-    if ckpt is not None:
-        history = load_checkpoint(ckpt, out, model, optimizer, problems)
-        progress(f"resumed from {ckpt} after step {len(history)}")
-    print(format_header(cfg.group_size), flush=True)
-    for m in history:  # a resumed run shows the whole table, as an uninterrupted one would
-        print(format_row(m), flush=True)
+    if od.resume_from is not None:
+        history = load_checkpoint(od.resume_from, model, optimizer, problems)
+        progress(f"resumed from {od.resume_from} after step {len(history)}")
 
-    start = time.perf_counter()
-    last_saved = len(history)
-    stop_reason, exit_code = None, 0
     previous_handlers = install_signal_handlers()
     try:
+        begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
+        print(format_header(cfg.group_size), flush=True)
+        for m in history:  # a resumed run shows the whole table, as an uninterrupted one would
+            print(format_row(m), flush=True)
+        start = time.perf_counter()
+        last_saved = len(history) if od.resume_from is not None else 0
+        stop_reason, exit_code = None, 0
         with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
             for step in range(len(history) + 1, len(problems) + 1):
                 try:
                     metrics, rollouts = train_step(step, problems[step - 1], model, tokenizer, params, optimizer,
-                                                   scorer, cfg, device, precision, eos_id, weights_before)
+                                                   scorer, cfg, device, precision, eos_id, weights_before,
+                                                   state_before)
                 except Interrupted:
                     exit_code = 128 + STOP["signal"]
                     stop_reason = f"stopped by {signal.Signals(STOP['signal']).name} during step {step}"
@@ -1121,22 +1610,32 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
                     bad += 1
                 if bad >= cfg.max_bad_steps:
                     exit_code = 1
-                    stop_reason = (f"{bad} steps in a row had a non-finite loss or gradient norm (the last at step "
-                                   f"{step}); lower learning_rate or check the data and the model")
+                    stop_reason = (f"{bad} steps in a row had a non-finite loss, gradient norm or update (the last "
+                                   f"at step {step}); lower learning_rate or check the data and the model")
                     break
                 if (cfg.save_every and step % cfg.save_every == 0) or step == len(problems) or STOP["signal"]:
-                    progress(f"[step {step}] writing checkpoint")
-                    save_checkpoint(out, step, model, optimizer, cfg, next_record(problems, step))
+                    failed = write_checkpoint(out, step, model, optimizer, cfg, problems)
+                    if failed:
+                        exit_code, stop_reason = 1, failed
+                        break
                     last_saved = step
                 if STOP["signal"]:  # arrived during the optimizer step: the step is complete
                     exit_code = 128 + STOP["signal"]
                     stop_reason = f"stopped by {signal.Signals(STOP['signal']).name} after step {step}"
                     break
         if stop_reason:
-            if len(history) > last_saved:
-                progress(f"writing a checkpoint of step {len(history)}")
-                save_checkpoint(out, len(history), model, optimizer, cfg, next_record(problems, len(history)))
-            done = f"checkpoint of step {len(history)} in {out / 'checkpoints'}" if history else "no step completed"
+            if len(history) > last_saved and not stop_reason.startswith("no space left"):
+                failed = write_checkpoint(out, len(history), model, optimizer, cfg, problems)
+                stop_reason = f"{stop_reason}; {failed}" if failed else stop_reason
+                last_saved = last_saved if failed else len(history)
+            if last_saved == len(history) and history:
+                done = f"checkpoint of step {last_saved} in {out / 'checkpoints'}"
+            elif last_saved:
+                done = (f"the last checkpoint is step {last_saved}; metrics.jsonl and rollouts.jsonl keep steps 1-"
+                        f"{len(history)}, and resuming redoes steps {last_saved + 1}-{len(history)} with the same "
+                        "random streams")
+            else:
+                done = "no checkpoint was written" if history else "no step completed"
             progress(f"{stop_reason}; {done}. To continue: {resume_command(argv)}")
             return exit_code
     finally:
@@ -1144,7 +1643,12 @@ def run(cfg: Config, device: torch.device, precision: str, out: Path, ckpt: Path
             signal.signal(sig, h)
 
     progress(f"saving the final model to {out / 'final'}")
-    save_final(model, tokenizer, out)
+    try:
+        save_final(model, tokenizer, out)
+    except OSError as e:
+        progress(f"could not write {out / 'final'} ({e.strerror or e}); the checkpoint of step {len(history)} is "
+                 f"complete: free some space, then {resume_command(argv)} writes final/")
+        return 1
     print(format_summary(history, time.perf_counter() - start), flush=True)
     return 0
 

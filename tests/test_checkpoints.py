@@ -247,7 +247,7 @@ def test_too_many_bad_steps_in_a_row_stop_with_a_checkpoint(tiny_model_dir, tiny
     out = tmp_path / "run"
     assert T.main(_args(tiny_model_dir, tiny_data_file, out, "max_bad_steps=2", "save_every=0")) == 1
     err = capsys.readouterr().err
-    assert "2 steps in a row had a non-finite loss or gradient norm (the last at step 3)" in err
+    assert "2 steps in a row had a non-finite loss, gradient norm or update (the last at step 3)" in err
     assert [c.name for c in T.list_checkpoints(out)] == ["step-000003"]
 
 
@@ -282,7 +282,7 @@ def test_bad_records_stop_before_training_or_are_skipped(tiny_model_dir, tmp_pat
     err = capsys.readouterr().err
     assert "dataset record 1: its prompt has" in err and "exceeds the model's context of 2048" in err
     assert "(and 1 more)" in err and "bad_records: skip" in err
-    assert not (tmp_path / "a" / "metrics.jsonl").read_text()  # nothing trained
+    assert not (tmp_path / "a").exists()  # nothing trained, nothing left behind: the folder it made is gone
     assert T.main(_args(tiny_model_dir, data, tmp_path / "b", "num_problems=4", "bad_records=skip")) == 0
     captured = capsys.readouterr()
     assert "skipping dataset record 2: 'problem' is not a non-empty text" in captured.err

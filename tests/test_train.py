@@ -376,7 +376,12 @@ def test_command_line_overrides_are_typed():
 
 
 @pytest.mark.parametrize("override, fragment", [
-    ("group_size=1", "'group_size' must be an integer >= 2"),
+    ("group_size=1", "'group_size' must be an integer in [2, 65536]"),
+    ("group_size=100000000", "'group_size' must be an integer in [2, 65536]"),
+    ("seed=18446744073709551616", "'seed' must be an integer in [0, 2**63)"),
+    ("seed=-1", "'seed' must be an integer in [0, 2**63)"),
+    ("verifier_timeout=1e10", "'verifier_timeout' must be a number of seconds in (0, 86400]"),
+    ("std_eps=1e-50", "'std_eps' must be a number > 0 that float32 can hold"),
     ("temperature=0", "'temperature' must be a number > 0"),
     ("top_p=0", "'top_p' must be a number in (0, 1]"),
     ("top_p=1.5", "'top_p' must be a number in (0, 1]"),
@@ -411,7 +416,7 @@ def test_bad_config_file_via_the_cli_exits_2_without_a_traceback(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "train_rlvr.py"), "--config", str(bad)],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: config key 'group_size' must be an integer >= 2 (advantages need a sample std), got 1"
+    assert proc.stderr.strip() == "error: config key 'group_size' must be an integer in [2, 65536] (advantages need a sample std), got 1"
     assert proc.stdout == ""
 
 

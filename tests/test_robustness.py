@@ -1,0 +1,598 @@
+"""A fresh machine runs the default job, and no mistake, fault or corrupt file loses a run: declared
+dependencies, the output folder (never replaced before everything loaded, never foreign files, a
+lock), checkpoint manifests and fallback, non-finite steps, a full disk, one-line user errors, and
+the compiled-decoding check. CPU, tiny local model, in-process runs."""
+
+import ast
+import fcntl
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train_rlvr as T
+from conftest import ROOT, SHARED
+
+
+def _args(model_dir, data, out, *extra):
+    return ["--config", str(ROOT / "config.yaml"), f"model={model_dir}", f"dataset={data}", "device=cpu",
+            f"output_dir={out}", "group_size=4", "max_new_tokens=6", "num_problems=3", "learning_rate=1e-3", *extra]
+
+
+def _first_rollout_wins(monkeypatch):
+    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
+        (1.0 if i == 0 else 0.0, None, "wrong") for i in range(len(texts))])
+
+
+def _one_line_error(capsys, *fragments):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in err[-1], (fragment, err[-1])
+    assert "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def _rows(stdout):
+    return [line.rsplit(None, 1)[0] for line in stdout.splitlines() if line[:1].isdigit()]
+
+
+def _snapshot(folder):
+    """Every file under folder with its bytes: what 'nothing was changed' compares."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != T.LOCK_FILE}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dir, tiny_data_file, tmp_path_factory):
+    """A finished 3-step run with checkpoints after steps 2 and 3 (every step trains), and its table."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    mp = pytest.MonkeyPatch()
+    _first_rollout_wins(mp)
+    from io import StringIO
+    import contextlib
+
+    stdout = StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert T.main(_args(tiny_model_dir, tiny_data_file, out, "save_every=2", "keep_last=3")) == 0
+    mp.undo()
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000002", "step-000003"]
+    return out, _rows(stdout.getvalue())
+
+
+def _copy_run(finished_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run[0], out)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. Every direct import is declared; the default job gets as far as the network
+
+
+def _requirements():
+    from packaging.requirements import Requirement
+
+    lines = [l.split("#")[0].strip() for l in (ROOT / "requirements.txt").read_text().splitlines()]
+    return [Requirement(l) for l in lines if l]
+
+
+def _canonical(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_direct_import_of_the_product_is_a_declared_requirement():
+    from importlib.metadata import packages_distributions
+
+    declared = {_canonical(r.name) for r in _requirements()}
+    owners = packages_distributions()
+    for source in ("train_rlvr.py", "verifier.py", "tests/tiny_models.py"):
+        tree = ast.parse((ROOT / source).read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("verifier", "train_rlvr", "tiny_models", "__future__"):
+                    continue
+                assert top in owners, f"{source} imports {top}, which no installed distribution provides"
+                assert {_canonical(d) for d in owners[top]} & declared, \
+                    f"{source} imports {top} ({owners[top]}) but requirements.txt does not declare it"
+
+
+def _closure(requirements):
+    """The distributions requirements.txt brings in, with all they require (markers evaluated)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+    from packaging.requirements import Requirement
+
+    seen, todo = set(), list(requirements)
+    while todo:
+        req = todo.pop()
+        name = _canonical(req.name)
+        if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        try:
+            todo += [Requirement(r) for r in distribution(req.name).requires or []]
+        except PackageNotFoundError:
+            pass
+    return seen
+
+
+DEFAULT_JOB = r"""
+import json, socket, sys
+sys.path.insert(0, sys.argv[1])
+before = set(sys.modules)
+def no_network(*a, **k):
+    raise socket.gaierror(-2, "Name or service not known")
+socket.getaddrinfo = no_network
+import train_rlvr
+code = train_rlvr.main(["device=cpu", "output_dir=" + sys.argv[2]])
+from importlib.metadata import packages_distributions
+owners = packages_distributions()
+used = sorted({d for m in set(sys.modules) - before for d in owners.get(m.split(".")[0], [])})
+print(json.dumps({"code": code, "distributions": used}))
+"""
+
+
+def test_the_default_job_reaches_the_network_with_only_the_declared_requirements(tmp_path):
+    """CI builds its environment from requirements.txt (after the CPU torch wheel) and pytest: here
+    the default command, with the network cut, must stop at a one-line network error (not an
+    ImportError), and every distribution it imported must come from requirements.txt's closure."""
+    proc = subprocess.run([sys.executable, "-c", DEFAULT_JOB, str(ROOT), str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    err = proc.stderr.strip().splitlines()[-1]
+    assert result["code"] == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert err == (f"error: could not load dataset {T.MATH_TRAIN_URL!r}: no network: cannot resolve "
+                   "raw.githubusercontent.com (Name or service not known); connect to the internet, or download "
+                   "it and set dataset: to the local file")
+    closure = _closure(_requirements())
+    missing = [d for d in result["distributions"] if _canonical(d) not in closure]
+    assert not missing, f"the default job imported {missing}, which requirements.txt does not bring"
+    assert not (tmp_path / "out").exists()  # a failed start leaves nothing behind
+
+
+def test_the_default_model_offline_is_one_line(tmp_path, capsys, monkeypatch, tiny_data_file):
+    import socket
+
+    def no_network(*a, **k):
+        raise socket.gaierror(-2, "Name or service not known")
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no retries: the hub client gives up at once
+    assert T.main(["device=cpu", f"dataset={tiny_data_file}", "num_problems=2", f"output_dir={tmp_path / 'o'}"]) == 2
+    _one_line_error(capsys, "could not load model 'Qwen/Qwen3-0.6B-Base'", "no network: cannot resolve huggingface.co")
+
+
+@pytest.mark.parametrize("suffix", [".json.gz", ".jsonl.gz"])
+def test_gzipped_json_and_jsonl_load(tmp_path, suffix):
+    records = [{"problem": f"p{i}", "answer": str(i)} for i in range(5)]
+    text = json.dumps(records) if suffix == ".json.gz" else "\n".join(map(json.dumps, records))
+    path = tmp_path / f"data{suffix}"
+    path.write_bytes(gzip.compress(text.encode()))
+    problems = T.load_problems(T.Config(dataset=str(path), num_problems=5))
+    assert [p["answer"] for p in problems] == ["0", "1", "2", "3", "4"]
+
+
+def test_the_offline_copy_of_the_default_training_set_loads():
+    path = SHARED / "data" / "math_train.jsonl.gz"
+    if not path.exists():
+        pytest.skip("../shared/data/math_train.jsonl.gz not present (fresh clone): offline training set not checked")
+    problems = T.load_problems(T.Config(dataset=str(path), num_problems=50))
+    first50 = json.loads((SHARED / "data" / "math_train_first50.json").read_text())
+    assert [(p["problem"], p["answer"]) for p in problems] == [(r["problem"], r["answer"]) for r in first50]
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. The README's commands: a plain GPU install, the CPU wheel index, the same test command as CI
+
+
+def _readme_blocks():
+    return re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+
+
+def test_readme_commands_gpu_plain_cpu_index_and_ci_runs_the_test_command():
+    blocks = _readme_blocks()
+    assert blocks[0].strip() == "pip install -r requirements.txt && python train_rlvr.py"
+    test_command = blocks[1].strip()
+    assert "--index-url https://download.pytorch.org/whl/cpu" in test_command and test_command.endswith(
+        "python -m pytest -q")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert test_command in ci  # CI runs exactly the README's test command
+    assert re.search(r"^transformers>=5\.\d+(\.\d+)?,<5\.\d+", (ROOT / "requirements.txt").read_text(), re.M)
+
+
+def test_decoding_uses_the_cache_argument_of_the_installed_transformers(tiny_model):
+    import warnings
+
+    model, _ = tiny_model
+    cfg = T.Config(group_size=2, max_new_tokens=3, device="cpu", compile="false")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # 5.24 deprecates past_key_values for 5.40
+        T.generate_rollouts(model, torch.tensor([1, 2, 3]), cfg, -1, T.rollout_streams(0, 1, range(2), "cpu"),
+                            T.nullcontext())
+    import inspect
+
+    takes_cache = "cache" in inspect.signature(type(model).forward).parameters
+    assert T.cache_arg(model) == ("cache" if takes_cache else "past_key_values")
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Runs lost without a word
+
+
+def test_overwrite_deletes_nothing_before_the_data_and_model_have_loaded(finished_run, tmp_path, capsys,
+                                                                         tiny_model_dir, tiny_data_file):
+    out = _copy_run(finished_run, tmp_path)
+    before = _snapshot(out)
+    assert T.main(_args(tiny_model_dir, tmp_path / "typo.json", out, "overwrite=true")) == 2
+    _one_line_error(capsys, "typo.json not found")
+    assert T.main(_args(tmp_path / "no-model", tiny_data_file, out, "overwrite=true")) == 2
+    _one_line_error(capsys, "could not load model")
+    assert _snapshot(out) == before
+
+
+def test_final_or_foreign_files_count_as_a_run_and_foreign_files_are_never_deleted(
+        finished_run, tmp_path, capsys, tiny_model_dir, tiny_data_file):
+    out = tmp_path / "only-final"
+    shutil.copytree(finished_run[0] / "final", out / "final")
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out)) == 2
+    _one_line_error(capsys, "already holds a run (final/)")
+    (out / "final" / "my-notes.txt").write_text("mine")
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "overwrite=true")) == 2
+    _one_line_error(capsys, "holds files rlvr did not write", "my-notes.txt")
+    (out / "final" / "my-notes.txt").unlink()
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "README.txt").write_text("do not delete")
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "num_problems=1")) == 2
+    assert "already holds a run (checkpoints/, final/)" in capsys.readouterr().err
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "num_problems=1", "overwrite=true")) == 0
+    assert (out / "checkpoints" / "README.txt").read_text() == "do not delete"
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000001"]
+
+
+def test_resume_path_into_another_run_is_refused_unless_overwrite(finished_run, tmp_path, capsys, tiny_model_dir,
+                                                                  tiny_data_file, monkeypatch):
+    other = _copy_run(finished_run, tmp_path / "b")
+    before = _snapshot(other)
+    foreign = finished_run[0] / "checkpoints" / "step-000002"
+    assert T.main(_args(tiny_model_dir, tiny_data_file, other, f"resume={foreign}")) == 2
+    _one_line_error(capsys, "is not a checkpoint of output_dir", "holds another run")
+    assert _snapshot(other) == before
+    fresh = tmp_path / "fresh"  # an empty output_dir may continue any checkpoint
+    _first_rollout_wins(monkeypatch)
+    assert T.main(_args(tiny_model_dir, tiny_data_file, fresh, f"resume={foreign}")) == 0
+    assert _rows(capsys.readouterr().out) == finished_run[1]
+
+
+def test_a_second_run_in_the_same_output_dir_is_refused_with_the_holders_pid(tmp_path, capsys, tiny_model_dir,
+                                                                              tiny_data_file):
+    out = tmp_path / "busy"
+    out.mkdir()
+    fd = os.open(out / T.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, b"4242\n")
+    try:
+        assert T.main(_args(tiny_model_dir, tiny_data_file, out)) == 2
+        _one_line_error(capsys, f"output_dir {out} is in use by another run (pid 4242)")
+    finally:
+        os.close(fd)
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "num_problems=1")) == 0  # released: free again
+
+
+def test_a_failed_start_leaves_nothing_that_blocks_the_same_command(tmp_path, capsys, tiny_model_dir,
+                                                                     tiny_data_file, monkeypatch):
+    out = tmp_path / "run"
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    assert T.main(_args(tiny_model_dir, bad, out)) == 2                      # bad data
+    assert T.main(_args(tmp_path / "missing-model", tiny_data_file, out)) == 2  # missing model
+    assert not out.exists()
+    real = T.load_model_and_tokenizer
+    monkeypatch.setattr(T, "load_model_and_tokenizer", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out)) == 130          # Ctrl-C while loading
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted while loading; output_dir was not changed"
+    monkeypatch.setattr(T, "load_model_and_tokenizer", real)
+    existing = tmp_path / "kept"
+    (existing / "checkpoints").mkdir(parents=True)
+    (existing / "checkpoints" / "mine.txt").write_text("x")
+    assert T.main(_args(tmp_path / "missing-model", tiny_data_file, existing, "overwrite=true")) == 2
+    assert (existing / "checkpoints" / "mine.txt").exists()
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "num_problems=1")) == 0  # the same command runs
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Corrupt or inconsistent checkpoints
+
+
+def test_every_checkpoint_and_final_carry_a_verified_manifest(finished_run):
+    out = finished_run[0]
+    for ckpt in T.list_checkpoints(out):
+        manifest = json.loads((ckpt / T.MANIFEST).read_text())
+        assert set(manifest["files"]) == set(T.CHECKPOINT_FILES)
+        assert manifest["files"]["model.safetensors"]["sha256"] == T.sha256_file(ckpt / "model.safetensors")
+        assert T.verify_checkpoint(ckpt) is None
+    assert "model.safetensors" in json.loads((out / "final" / T.MANIFEST).read_text())["files"]
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda c: _truncate(c / "model.safetensors"), "model.safetensors has"),
+    (lambda c: (c / "optimizer.pt").unlink(), "optimizer.pt is missing"),
+    (lambda c: (c / "state.json").write_text("#" * (c / "state.json").stat().st_size),  # same size, garbage
+     "state.json does not match the sha256"),
+    (lambda c: (c / T.MANIFEST).unlink(), "manifest.json is missing"),
+])
+def test_a_damaged_checkpoint_is_named_and_resume_auto_takes_the_newest_intact_one(
+        finished_run, tmp_path, capsys, tiny_model_dir, tiny_data_file, damage, named, monkeypatch):
+    out = _copy_run(finished_run, tmp_path)
+    newest = T.list_checkpoints(out)[-1]
+    damage(newest)
+    shutil.rmtree(out / "final")
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, f"resume={newest}")) == 2
+    _one_line_error(capsys, f"cannot resume {newest}: {named}")
+    _first_rollout_wins(monkeypatch)
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "resume=auto", "save_every=2", "keep_last=3")) == 0
+    captured = capsys.readouterr()
+    assert f"resume=auto: skipping damaged checkpoints: step-000003 ({named}" in captured.err
+    assert "resumed from" in captured.err and "step-000002 after step 2" in captured.err
+    assert _rows(captured.out) == finished_run[1]  # step 3 redone: the same row
+    a = load_file(out / "final" / "model.safetensors")
+    b = load_file(finished_run[0] / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_step_counter_the_manifest_and_the_logs_must_agree(finished_run, tmp_path, capsys, tiny_model_dir,
+                                                               tiny_data_file):
+    out = _copy_run(finished_run, tmp_path)
+    ckpt = T.list_checkpoints(out)[-1]
+    lines = (ckpt / "metrics.jsonl").read_text().splitlines()
+    (ckpt / "metrics.jsonl").write_text("\n".join(lines[:1] + lines[2:]) + "\n")  # a line lost
+    (ckpt / T.MANIFEST).unlink()
+    T.write_manifest(ckpt, 3)  # consistent hashes: only the contents disagree
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, f"resume={ckpt}")) == 2
+    _one_line_error(capsys, "its step counter (3), manifest (3) and metrics.jsonl (2 steps) disagree")
+
+
+def test_a_checkpoint_of_another_model_is_one_line(finished_run, tmp_path, capsys, tiny_data_file):
+    from tiny_models import build_tiny_qwen3, build_tiny_tokenizer
+
+    other = tmp_path / "wider"
+    other.mkdir()
+    build_tiny_qwen3(other, vocab_size=len(build_tiny_tokenizer(other)), hidden_size=48, head_dim=12)
+    out = _copy_run(finished_run, tmp_path)
+    ckpt = T.list_checkpoints(out)[0]
+    config = ckpt / "config.yaml"
+    config.write_text(config.read_text().replace(str(T.yaml.safe_load(config.read_text())["model"]), str(other)))
+    (ckpt / T.MANIFEST).unlink()
+    T.write_manifest(ckpt, 2)
+    assert T.main(_args(other, tiny_data_file, out, f"resume={ckpt}")) == 2
+    _one_line_error(capsys, "model.safetensors does not fit this model and optimizer")
+
+
+def test_a_second_signal_between_the_renames_of_a_rewrite_loses_no_checkpoint(finished_run, tmp_path, capsys,
+                                                                              tiny_model_dir, tiny_data_file,
+                                                                              monkeypatch):
+    out = _copy_run(finished_run, tmp_path)
+    root = out / "checkpoints"
+    os.rename(root / "step-000003", root / ".old-step-000003-999")  # the first rename happened, then exit
+    shutil.copytree(root / "step-000002", root / ".tmp-step-000003-999")
+    shutil.rmtree(out / "final")
+    _first_rollout_wins(monkeypatch)
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "resume=auto", "keep_last=3")) == 0
+    assert "step-000003 after step 3" in capsys.readouterr().err  # put back, not deleted
+    assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003"]
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Non-finite numbers
+
+
+def _state(opt, params):
+    return {id(p): {k: (v.clone() if torch.is_tensor(v) else v) for k, v in opt.state[p].items()} for p in params}
+
+
+def test_a_step_that_makes_a_weight_non_finite_is_undone_with_its_adamw_state(tiny_model):
+    model, _ = tiny_model
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    _, moved = T.optimizer_step(params, opt, 1.0)
+    assert moved > 0
+    weights, state = [p.detach().clone() for p in params], _state(opt, params)
+    real_step = opt.step
+
+    def overflowing_step():  # the real AdamW step (it updates every state tensor), then a weight overflows
+        real_step()
+        with torch.no_grad():
+            params[3].view(-1)[0] = float("inf")
+    opt.step = overflowing_step
+    for p in params:
+        p.grad = torch.randn_like(p)
+    grad_norm, moved = T.optimizer_step(params, opt, 1.0)
+    assert moved is None and grad_norm > 0
+    assert all(torch.equal(p, w) for p, w in zip(params, weights))
+    after = _state(opt, params)
+    assert after.keys() == state.keys()
+    for key in state:
+        assert state[key].keys() == after[key].keys()
+        assert all(torch.equal(after[key][k], v) if torch.is_tensor(v) else after[key][k] == v
+                   for k, v in state[key].items())
+    fresh = torch.optim.AdamW(params, lr=1e-3)  # the run's first step undone: no state at all
+    fresh_step = fresh.step
+    fresh.step = lambda: (fresh_step(), params[0].data.view(-1).__setitem__(0, float("nan")))
+    assert T.optimizer_step(params, fresh, 1.0)[1] is None and len(fresh.state) == 0
+    assert all(torch.equal(p, w) for p, w in zip(params, weights))
+
+
+def test_a_huge_learning_rate_ends_the_run_with_a_checkpoint_and_no_traceback(tiny_model_dir, tiny_data_file,
+                                                                               tmp_path, capsys, monkeypatch):
+    """lr 1e30: the first update is real and finite (weights ~1e30), every later step's gradient is NaN
+    and skipped, until max_bad_steps stops the run with a checkpoint. Never inf, never an IndexError."""
+    _first_rollout_wins(monkeypatch)
+    out = tmp_path / "run"
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "learning_rate=1e30", "max_bad_steps=2")) == 1
+    captured = capsys.readouterr()
+    rows = [line.split() for line in captured.out.splitlines()[1:]]
+    assert [r[7] for r in rows[1:]] == ["skipped", "skipped"] and float(rows[0][7]) > 1e30
+    assert "inf" not in captured.out and "Traceback" not in captured.err
+    assert "2 steps in a row had a non-finite loss, gradient norm or update (the last at step 3)" in captured.err
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000003"]
+
+
+def test_nan_scores_in_generation_stop_with_a_checkpoint_never_an_out_of_range_token(
+        tiny_model_dir, tiny_data_file, tmp_path, capsys, monkeypatch):
+    _first_rollout_wins(monkeypatch)
+    real, calls = T.next_token_scores, {"n": 0}
+
+    def scores(model, ids, cache, name, **kw):  # from step 2 on, the weights give NaN scores
+        calls["n"] += 1
+        logits = real(model, ids, cache, name, **kw)
+        return logits * float("nan") if calls["n"] > 6 else logits
+    monkeypatch.setattr(T, "next_token_scores", scores)
+    out = tmp_path / "run"
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "max_new_tokens=6")) == 1
+    captured = capsys.readouterr()
+    assert "step 2: the model's next-token scores are NaN or infinite at new token 1" in captured.err
+    assert "IndexError" not in captured.err and "Traceback" not in captured.err
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000001"]
+    assert "checkpoint of step 1" in captured.err and "To continue" in captured.err
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. A full disk while writing a checkpoint
+
+
+def test_a_full_disk_keeps_the_steps_names_the_space_and_resumes(tiny_model_dir, tiny_data_file, tmp_path, capsys,
+                                                                  monkeypatch, finished_run):
+    _first_rollout_wins(monkeypatch)
+    out = tmp_path / "run"
+    real_save, calls = T.torch.save, {"n": 0}
+
+    def save(obj, path, *a, **k):
+        if str(path).endswith("optimizer.pt"):
+            calls["n"] += 1
+            if calls["n"] == 2:  # the second checkpoint: the disk fills up mid-write
+                monkeypatch.setattr(T.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
+                raise RuntimeError("unexpected pos 5952 vs 5844")
+        return real_save(obj, path, *a, **k)
+    monkeypatch.setattr(T.torch, "save", save)
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "save_every=1", "keep_last=3")) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"no space left in \S+checkpoints: a checkpoint needs about [0-9.]+ GB and 0\.00 GB are free", err)
+    assert "the last checkpoint is step 1; metrics.jsonl and rollouts.jsonl keep steps 1-2" in err
+    assert "To continue: python train_rlvr.py" in err and "resume=auto" in err
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000001"]  # no temporary folder left
+    assert T.verify_checkpoint(out / "checkpoints" / "step-000001") is None
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    monkeypatch.undo()
+    _first_rollout_wins(monkeypatch)
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out, "save_every=1", "keep_last=3", "resume=auto")) == 0
+    assert _rows(capsys.readouterr().out) == finished_run[1]
+
+
+def test_too_little_free_space_is_found_before_writing(tiny_model, tmp_path):
+    model, _ = tiny_model
+    opt = torch.optim.AdamW(model.parameters())
+    out = tmp_path
+    for name in T.LOG_FILES:
+        (out / name).write_text("")
+    import unittest.mock as mock
+
+    with mock.patch.object(T.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6, 1000)):
+        with pytest.raises(T.StopRun, match=r"no space left in .*a checkpoint needs about 0\.00 GB"):
+            T.save_checkpoint(out, 1, model, opt, T.Config(), None)
+    assert not any((out / "checkpoints").iterdir())
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. Every user mistake is one line and exit status 2
+
+
+def test_output_dir_and_config_file_mistakes(tmp_path, capsys, tiny_model_dir, tiny_data_file):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert T.main(_args(tiny_model_dir, tiny_data_file, a_file)) == 2
+    _one_line_error(capsys, f"output_dir {a_file} is a file")
+    assert T.main(_args(tiny_model_dir, tiny_data_file, a_file / "sub")) == 2
+    _one_line_error(capsys, f"output_dir {a_file / 'sub'} cannot be written (Not a directory)")
+    assert T.main(["--config", str(tmp_path)]) == 2
+    _one_line_error(capsys, f"config file {tmp_path} cannot be read (Is a directory)")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("model: caf\xe9\n".encode("latin-1"))
+    assert T.main(["--config", str(latin)]) == 2
+    _one_line_error(capsys, "is not UTF-8 text (byte 0xe9 at offset 10)")
+    assert T.main(["--config", str(ROOT / "config.yaml"), "learning_rate=1e39"]) == 2
+    _one_line_error(capsys, "'learning_rate' must be a number in (0, 1e37]")
+
+
+def test_a_truncated_model_file_is_one_line(tmp_path, capsys, tiny_model_dir, tiny_data_file):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, broken)
+    _truncate(broken / "model.safetensors")
+    assert T.main(_args(broken, tiny_data_file, tmp_path / "o")) == 2
+    _one_line_error(capsys, f"could not load model '{broken}'")
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"", "is empty"),
+    ('[{"problem": "caf\xe9", "answer": "1"}]'.encode("latin-1"), "is not UTF-8 text (byte 0xe9 on line 1)"),
+    (b'{"problem": "a", "answer": "1"}\n{"problem": "b", "answer": "2"}\n{"problem": "c" "answer": "3"}\n',
+     "line 3 is not a JSON record"),
+])
+def test_data_file_mistakes_name_the_problem(tmp_path, capsys, tiny_model_dir, content, fragment):
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(content)
+    assert T.main(_args(tiny_model_dir, data, tmp_path / "o")) == 2
+    _one_line_error(capsys, f"dataset file {data} {fragment}")
+
+
+def test_a_group_that_cannot_be_allocated_is_refused_before_step_1(tmp_path, capsys, tiny_model_dir,
+                                                                    tiny_data_file, monkeypatch):
+    monkeypatch.setattr(T, "available_memory", lambda device: 10**6)
+    assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "o", "group_size=512")) == 2
+    _one_line_error(capsys, "group_size 512 with max_new_tokens 6 needs at least", "GB are available; lower group_size")
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# 8. Compiled decoding is checked against eager decoding at the first generation
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
+def test_a_faulty_compiled_decoder_falls_back_to_eager_with_the_difference(tiny_model, monkeypatch, capsys):
+    model, _ = tiny_model
+    cfg = T.Config(group_size=2, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu", compile="false")
+    prompt = torch.tensor([5, 17, 33, 100, 7])
+
+    def rollouts():
+        responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, 1, range(2), "cpu"),
+                                           T.nullcontext())
+        return [r.tolist() for r in responses]
+    eager = rollouts()
+    cfg.compile = "true"
+    monkeypatch.setattr(T, "COMPILE_FAILED", [])
+    T._STATIC_DECODERS.clear()
+    decoder = T.static_decoder(model, T.nullcontext())
+    compiled = decoder.compiled_step
+    monkeypatch.setattr(decoder, "compiled_step", lambda ids: compiled(ids) + 0.5)  # the injected fault
+    assert rollouts() == eager
+    err = capsys.readouterr().err
+    assert re.search(r"compiled decoding failed \(RuntimeError: its logits differ from eager decoding by 0\.5\d* "
+                     r"\(tolerance [0-9.e-]+ for logits up to [0-9.]+\)\); decoding eagerly", err), err
+    T._STATIC_DECODERS.clear()
+    monkeypatch.setattr(T, "COMPILE_FAILED", [])
+    healthy = T.static_decoder(model, T.nullcontext())
+    assert rollouts() == eager and healthy.checked and not T.COMPILE_FAILED  # an honest compile passes
+    T._STATIC_DECODERS.clear()
