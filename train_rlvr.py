@@ -683,13 +683,30 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
     for b, p in zip(before, params):
         b.copy_(p.detach(), non_blocking=True)  # stream-ordered before the step's in-place updates
     optimizer.step()
-    weights = [p.detach() for p in params]
-    if before[0].device == weights[0].device:
-        torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
-        norms = torch._foreach_norm(before)
-    else:
-        norms = [torch.linalg.vector_norm(w.float() - b.to(w.device, non_blocking=True)) for w, b in zip(weights, before)]
-    return grad_norm, float(torch.linalg.vector_norm(torch.stack(norms).double()))
+    return grad_norm, update_norm(before, [p.detach() for p in params])
+
+
+def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
+    """The norm of weights - before over all tensors: float32 differences, per-tensor norms
+    combined in float64. `before` on the weights' device is overwritten (in place, no second copy
+    of the weights); host buffers of CUDA weights go through update_norm_across_devices."""
+    if before[0].device != weights[0].device:
+        return update_norm_across_devices(before, weights)
+    torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
+    return _combined_norm(torch._foreach_norm(before))
+
+
+def update_norm_across_devices(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
+    """update_norm for `before` held elsewhere (pinned host buffers of CUDA weights): each buffer
+    is copied to its weight's device and subtracted there, one tensor at a time. Plain arithmetic
+    on two tensors, so it runs (and is tested) with both on the CPU too: the same float32
+    differences up to sign, the same norms, bit for bit, as update_norm's in-place path."""
+    diffs = [w.float() - b.to(w.device, non_blocking=True) for w, b in zip(weights, before)]
+    return _combined_norm(torch._foreach_norm(diffs))
+
+
+def _combined_norm(norms: list[torch.Tensor]) -> float:
+    return float(torch.linalg.vector_norm(torch.stack(norms).double()))
 
 
 def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
