@@ -886,6 +886,25 @@ def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_re
     return final
 
 
+def recover_checkpoint_rewrite(root: Path) -> None:
+    """Undo what a crash mid-write left in the checkpoints folder `root`.
+
+    A rewrite of step-N (after resuming from an older checkpoint) renames step-N to
+    .old-step-N-<pid>, then .tmp-step-N-<pid> to step-N. Killed between the two renames, it leaves
+    no step-N: the .old- copy, a complete checkpoint, is renamed back. Only then are the
+    .tmp-/.old- leftovers deleted (a .tmp- folder may be half written)."""
+    if not root.is_dir():
+        return
+    for old in sorted(root.glob(".old-step-*")):
+        name = old.name[len(".old-"):].rsplit("-", 1)[0]  # .old-step-000004-1234 -> step-000004
+        if name[5:].isdigit() and not (root / name).exists():
+            os.rename(old, root / name)
+            _fsync(root)
+            progress(f"restored {root / name} from {old.name} (a checkpoint rewrite was interrupted)")
+    for stale in root.glob(".*-step-*"):  # left by a crash mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def next_record(problems: list[dict], steps_done: int) -> int | None:
     return problems[steps_done]["index"] if steps_done < len(problems) else None
 
@@ -937,6 +956,7 @@ def prepare_output_dir(cfg: Config) -> tuple[Path, Path | None]:
     """The output folder and the checkpoint to resume, if any. An existing run is never replaced
     silently: that takes resume or overwrite."""
     out = Path(cfg.output_dir)
+    recover_checkpoint_rewrite(out / "checkpoints")  # before resume=auto looks for the latest
     ckpt = find_resume_checkpoint(cfg, out)
     if ckpt is None:
         if ((out / "metrics.jsonl").exists() or list_checkpoints(out)) and not (cfg.overwrite or cfg.resume == "auto"):
@@ -948,8 +968,6 @@ def prepare_output_dir(cfg: Config) -> tuple[Path, Path | None]:
             (out / name).touch()
         for folder in ("checkpoints", "final"):
             shutil.rmtree(out / folder, ignore_errors=True)
-    for stale in (out / "checkpoints").glob(".*-step-*"):  # left by a crash mid-write
-        shutil.rmtree(stale, ignore_errors=True)
     (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
     return out, ckpt
 
