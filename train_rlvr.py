@@ -592,7 +592,8 @@ def token_log_probs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor,
     len(response) positions, the first of which predicts the first response token."""
     input_ids = torch.cat([prompt_ids, response_ids[:-1]]).unsqueeze(0)
     with amp:
-        logits = model(input_ids, logits_to_keep=len(response_ids)).logits[0]
+        # use_cache=False: one forward over the whole sequence, no KV cache built for nothing
+        logits = model(input_ids, use_cache=False, logits_to_keep=len(response_ids)).logits[0]
     return gathered_log_probs(logits, response_ids)
 
 
@@ -608,7 +609,7 @@ def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch
     for i, r in enumerate(responses):
         ids[i, len(prompt_ids):len(prompt_ids) + len(r) - 1] = r[:-1]
     with amp:
-        logits = model(ids, logits_to_keep=longest).logits
+        logits = model(ids, use_cache=False, logits_to_keep=longest).logits
     return [gathered_log_probs(logits[i, :len(r)], r) for i, r in enumerate(responses)]
 
 
