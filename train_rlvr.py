@@ -418,7 +418,12 @@ class StaticDecoder:
 
     Under bf16 autocast it decodes with bf16_linear_copy(model), refreshed from the float32 master
     at the start of every generation, so after every optimizer step: one weight cast per training
-    step instead of one per generated token, from exactly the bf16-rounded weights autocast uses."""
+    step instead of one per generated token, from exactly the bf16-rounded weights autocast uses.
+
+    Exact in float32 only: under bf16 autocast the static cache keeps values in bfloat16 (the
+    DynamicCache of eager decoding promotes them to float32) and compiled kernels round
+    differently, so logits differ from the eager decode's by a few bf16 ulps (measured on the CPU:
+    up to 0.125 on logits of scale 6.6 for the compiled step) and sampled tokens can differ."""
 
     def __init__(self, model, amp):
         self.bf16 = isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16
@@ -493,7 +498,8 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
     its tokens up to and including the first EOS; one cut at max_new_tokens has no EOS.
 
     The model forward is eager with a DynamicCache, or (setting `compile`, default on CUDA) a
-    StaticDecoder; the sampling code is the same either way."""
+    StaticDecoder; the sampling code is the same either way. Both give the model's own full-forward
+    logits: exactly in float32, within a few bf16 ulps under bf16 autocast (see StaticDecoder)."""
     # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
     # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
     # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
