@@ -647,8 +647,9 @@ def test_update_norm_through_reused_host_buffers_is_the_same(tiny_model_dir):
 def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_file, tmp_path, capsys, monkeypatch,
                                                    precision):
     """Each step's loss, sequence log-probs and gradient against a float32 copy of the model on the
-    same tokens. Stated tolerances (measured: 2e-5 relative on the log-probs, 0.6 % on the
-    gradient): log-probs and loss within 0.1 % + 0.01, the gradient within 5 % of its norm."""
+    same tokens. Stated tolerances (measured: at most 0.0015 on log-probs of about -45, 0.6 % on
+    the gradient): log-probs within 1e-4 relative + 0.005 (a sum rounded to bf16, 0.25 apart at
+    45, does not pass), the loss within 0.1 % + 0.005, the gradient within 5 % of its norm."""
     import copy
 
     _rewards_from_parity(monkeypatch)
@@ -659,8 +660,8 @@ def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_fi
         loss, lps = real(model, params, prompt, responses, adv, group_size, amp, batch_size)
         ref_loss, ref_lps = real(twin, list(twin.parameters()), prompt, responses, adv.float(), group_size,
                                  T.nullcontext(), batch_size)
-        assert loss == pytest.approx(ref_loss, rel=1e-3, abs=1e-2)
-        assert lps == pytest.approx(ref_lps, rel=1e-3, abs=1e-2)
+        assert loss == pytest.approx(ref_loss, rel=1e-3, abs=5e-3)
+        assert lps == pytest.approx(ref_lps, rel=1e-4, abs=5e-3)
         grad = torch.cat([p.grad.float().flatten() for p in params])
         ref = torch.cat([p.grad.flatten() for p in twin.parameters()])
         assert (grad - ref).norm() <= 0.05 * ref.norm()
