@@ -516,7 +516,12 @@ class StaticDecoder:
 
     Under bf16 autocast it decodes with bf16_linear_copy(model), refreshed from the float32 master
     at the start of every generation, so after every optimizer step: one weight cast per training
-    step instead of one per generated token, from exactly the bf16-rounded weights autocast uses."""
+    step instead of one per generated token, from exactly the bf16-rounded weights autocast uses.
+
+    Exact in float32 only: under bf16 autocast the static cache keeps values in bfloat16 (the
+    DynamicCache of eager decoding promotes them to float32) and compiled kernels round
+    differently, so logits differ from the eager decode's by a few bf16 ulps (measured on the CPU:
+    up to 0.125 on logits of scale 6.6 for the compiled step) and sampled tokens can differ."""
 
     def __init__(self, model, amp):
         self.bf16 = isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16
@@ -593,7 +598,8 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
     its tokens up to and including the first EOS; one cut at max_new_tokens has no EOS.
 
     The model forward is eager with a DynamicCache, or (setting `compile`, default on CUDA) a
-    StaticDecoder; the sampling code is the same either way."""
+    StaticDecoder; the sampling code is the same either way. Both give the model's own full-forward
+    logits: exactly in float32, within a few bf16 ulps under bf16 autocast (see StaticDecoder)."""
     # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
     # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
     # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
@@ -747,7 +753,8 @@ def token_log_probs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor,
     len(response) positions, the first of which predicts the first response token."""
     input_ids = torch.cat([prompt_ids, response_ids[:-1]]).unsqueeze(0)
     with amp:
-        logits = model(input_ids, logits_to_keep=len(response_ids)).logits[0]
+        # use_cache=False: one forward over the whole sequence, no KV cache built for nothing
+        logits = model(input_ids, use_cache=False, logits_to_keep=len(response_ids)).logits[0]
     return gathered_log_probs(logits, response_ids)
 
 
@@ -763,7 +770,7 @@ def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch
     for i, r in enumerate(responses):
         ids[i, len(prompt_ids):len(prompt_ids) + len(r) - 1] = r[:-1]
     with amp:
-        logits = model(ids, logits_to_keep=longest).logits
+        logits = model(ids, use_cache=False, logits_to_keep=longest).logits
     return [gathered_log_probs(logits[i, :len(r)], r) for i, r in enumerate(responses)]
 
 
@@ -854,16 +861,28 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
 
 
 def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
-    """||weights - before||, accumulated in float64 (no overflow). Buffers on the weights' device
-    are overwritten with the difference (no temporary copy of the model); host buffers of CUDA
-    weights are moved over one tensor at a time. The same arithmetic either way."""
-    if before[0].device == weights[0].device:
-        torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
-        norms = torch._foreach_norm(before, 2, dtype=torch.float64)
-    else:
-        norms = [torch.linalg.vector_norm(b.to(w.device, non_blocking=True) - w.float(), dtype=torch.float64)
-                 for w, b in zip(weights, before)]
-    return float(torch.linalg.vector_norm(torch.stack(norms)))
+    """The norm of weights - before over all tensors: float32 differences, per-tensor norms
+    accumulated and combined in float64 (no overflow). `before` on the weights' device is
+    overwritten (in place, no second copy of the weights); host buffers of CUDA weights go through
+    update_norm_across_devices."""
+    if before[0].device != weights[0].device:
+        return update_norm_across_devices(before, weights)
+    torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
+    return _combined_norm(torch._foreach_norm(before, 2, dtype=torch.float64))
+
+
+def update_norm_across_devices(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
+    """update_norm for `before` held elsewhere (pinned host buffers of CUDA weights): each buffer
+    is copied to its weight's device and subtracted there, one tensor at a time (one temporary the
+    size of the largest tensor, not a copy of the model). Plain arithmetic on two tensors, so it
+    runs (and is tested) with both on the CPU too: the same float32 differences up to sign, the
+    same norms, bit for bit, as update_norm's in-place path."""
+    return _combined_norm([torch._foreach_norm([w.float() - b.to(w.device, non_blocking=True)], 2,
+                                               dtype=torch.float64)[0] for w, b in zip(weights, before)])
+
+
+def _combined_norm(norms: list[torch.Tensor]) -> float:
+    return float(torch.linalg.vector_norm(torch.stack(norms).double()))
 
 
 def snapshot_optimizer_state(optimizer, buffers: dict) -> dict:
@@ -1169,12 +1188,20 @@ def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_re
 
 
 def recover_checkpoint_rewrite(root: Path) -> None:
-    """A crash between the two renames of a rewrite leaves .old-step-N-<pid> and no step-N: put it
-    back (before anything looks for checkpoints, and before leftovers are removed)."""
+    """Undo what a crash between the two renames of a checkpoint rewrite left in `root`.
+
+    A rewrite of step-N (after resuming from an older checkpoint) renames step-N to
+    .old-step-N-<pid>, then .tmp-step-N-<pid> to step-N. Killed between the two renames, it leaves
+    no step-N: the .old- copy, a complete checkpoint, is renamed back. This runs before anything
+    looks for checkpoints and deletes nothing; begin_output removes the leftovers later."""
+    if not root.is_dir():
+        return
     for old in sorted(root.glob(".old-step-*")):
-        name = old.name[len(".old-"):].rsplit("-", 1)[0]
-        if not (root / name).exists():
+        name = old.name[len(".old-"):].rsplit("-", 1)[0]  # .old-step-000004-1234 -> step-000004
+        if name[5:].isdigit() and not (root / name).exists():
             os.rename(old, root / name)
+            _fsync(root)
+            progress(f"restored {root / name} from {old.name} (a checkpoint rewrite was interrupted)")
 
 
 def next_record(problems: list[dict], steps_done: int) -> int | None:
@@ -1322,8 +1349,7 @@ def prepare_output_dir(cfg: Config) -> OutputDir:
     out = Path(cfg.output_dir)
     fd, created = lock_output_dir(out)
     try:
-        if (out / "checkpoints").is_dir():
-            recover_checkpoint_rewrite(out / "checkpoints")  # restores our own folder; deletes nothing
+        recover_checkpoint_rewrite(out / "checkpoints")  # restores our own folder; deletes nothing
         holds = held_run(out)
         ckpt = find_resume_checkpoint(cfg, out, holds)
         if ckpt is None and holds and not (cfg.overwrite or cfg.resume == "auto"):

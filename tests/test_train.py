@@ -21,8 +21,6 @@ from conftest import ROOT
 
 def test_advantages_match_the_spec_step_2():
     rewards = torch.tensor([1, 0, 0, 0, 0, 0, 0, 0], dtype=torch.float32)
-    assert rewards.mean().item() == 0.125
-    assert rewards.std(unbiased=True).item() == pytest.approx(0.353553, abs=1e-6)
     adv = T.compute_advantages(rewards, 1e-4)
     assert round(adv[0].item(), 4) == 2.4742
     assert all(round(a, 4) == -0.3535 for a in adv[1:].tolist())
@@ -66,7 +64,6 @@ def test_sequence_log_prob_equals_a_by_hand_sum(tiny_model):
     assert per_token.dtype == torch.float32 and per_token.shape == (4,)  # one term per response token
     assert seq.item() == pytest.approx(expected, abs=1e-4)
     assert seq.item() == pytest.approx(per_token.sum().item(), abs=1e-6)  # a sum, not a mean
-    assert seq.item() < per_token.mean().item()
     # the EOS token counts: its term is log p(EOS | prompt, response[:-1])
     with torch.no_grad():
         without_eos = T.sequence_log_prob(model, prompt, response[:-1], T.nullcontext()).item()
@@ -330,13 +327,21 @@ def test_draws_follow_the_temperature_and_top_p_distribution():
 # Step table
 
 
+SPEC_HEADER = "step  correct/8  reward mean  sample std  response tokens  policy loss  grad norm"
+SPEC_ROW1 = "1     0          0.000        0.000000    1554             0.000000     0.000"
+SPEC_ROW2 = "2     1          0.125        0.353553     564             -3.042482    256.815"
+
+
+def test_the_table_lines_here_are_the_ones_of_the_spec():
+    spec = ROOT.parent / "shared" / "SPEC.md"
+    if not spec.exists():
+        pytest.skip("../shared/SPEC.md not present (fresh clone): comparison with the spec's table skipped")
+    text = spec.read_text()
+    assert SPEC_HEADER in text and SPEC_ROW1 in text and SPEC_ROW2 in text
+
+
 def test_rows_reproduce_the_spec_table_exactly():
-    spec = (ROOT.parent / "shared" / "SPEC.md")
-    header = "step  correct/8  reward mean  sample std  response tokens  policy loss  grad norm"
-    row1 = "1     0          0.000        0.000000    1554             0.000000     0.000"
-    row2 = "2     1          0.125        0.353553     564             -3.042482    256.815"
-    if spec.exists():
-        assert header in spec.read_text() and row1 in spec.read_text() and row2 in spec.read_text()
+    header, row1, row2 = SPEC_HEADER, SPEC_ROW1, SPEC_ROW2
     assert T.format_header(8).startswith(header + "  update norm")
     m1 = dict(step=1, correct=0, reward_mean=0.0, reward_std=0.0, response_tokens=1554, policy_loss=-0.0,
               grad_norm=0.0, update_norm=0.0, seconds=12.0)
@@ -646,12 +651,37 @@ def test_update_norm_through_reused_host_buffers_is_the_same(tiny_model_dir):
 @pytest.mark.parametrize("precision", ["bf16", "bf16-autocast"])
 def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_file, tmp_path, capsys, monkeypatch,
                                                    precision):
+    """Each step's loss, sequence log-probs and gradient against a float32 copy of the model on the
+    same tokens. Stated tolerances (measured: at most 0.0015 on log-probs of about -45, 0.6 % on
+    the gradient): log-probs within 1e-4 relative + 0.005 (a sum rounded to bf16, 0.25 apart at
+    45, does not pass), the loss within 0.1 % + 0.005, the gradient within 5 % of its norm."""
+    import copy
+
     _rewards_from_parity(monkeypatch)
+    real, compared = T.accumulate_policy_gradient, []
+
+    def against_float32(model, params, prompt, responses, adv, group_size, amp, batch_size=1):
+        twin = copy.deepcopy(model).float()
+        loss, lps = real(model, params, prompt, responses, adv, group_size, amp, batch_size)
+        ref_loss, ref_lps = real(twin, list(twin.parameters()), prompt, responses, adv.float(), group_size,
+                                 T.nullcontext(), batch_size)
+        assert loss == pytest.approx(ref_loss, rel=1e-3, abs=5e-3)
+        assert lps == pytest.approx(ref_lps, rel=1e-4, abs=5e-3)
+        grad = torch.cat([p.grad.float().flatten() for p in params])
+        ref = torch.cat([p.grad.flatten() for p in twin.parameters()])
+        assert (grad - ref).norm() <= 0.05 * ref.norm()
+        compared.append(ref.norm().item())
+        return loss, lps
+    monkeypatch.setattr(T, "accumulate_policy_gradient", against_float32)
     out = tmp_path / "run"
     stdout = _run(tiny_model_dir, tiny_data_file, out, capsys, "num_problems=2", f"precision={precision}",
                   "learning_rate=1e-3")
     metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(metrics) == 2 and all(m["update_norm"] > 0 and math.isfinite(m["grad_norm"]) for m in metrics)
+    assert len(metrics) == 2 and all(m["update_norm"] > 0 for m in metrics)
+    varied = [m for m in metrics if m["reward_std"] > 0]
+    assert varied and len(compared) == 2
+    for m, ref_norm in zip(metrics, compared):  # the logged grad norm is the bf16 one, near float32's
+        assert m["grad_norm"] == pytest.approx(ref_norm, rel=0.05, abs=1e-6)
     from safetensors.torch import load_file
 
     weights = load_file(out / "final" / "model.safetensors")

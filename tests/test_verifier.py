@@ -37,6 +37,8 @@ def _ids(pairs):
 
 def check_pairs(equal, not_equal):
     for pred, gold in equal:
+        if pred == gold:  # true by the string fallback alone unless the answer parses
+            assert verifier._analyze_cached(gold) is not None, f"identical pair not parsed: {gold!r}"
         assert is_equivalent(pred, gold), f"expected EQUAL: pred={pred!r} gold={gold!r}"
         assert reward(f"Reasoning... so the answer is $\\boxed{{{pred}}}$.", gold) == 1.0, pred
     for pred, gold in not_equal:
@@ -481,6 +483,7 @@ def test_first50_answers_self_rewritings_and_near_misses():
     assert len(answers) == 50
     checked = 0
     for a in answers:
+        assert verifier._analyze_cached(a) is not None, a  # so equal to itself by the math, not as a string
         assert reward(f"Let me think. The result follows.\n\\boxed{{{a}}}", a) == 1.0, a
         if re.fullmatch(r"-?\d+", a):
             eq, neq = _int_rewrites(a)
@@ -504,9 +507,10 @@ def test_math500_self_equality_and_parse_report(capsys):
     for r in rows:
         a = r["answer"]
         assert reward(f"Solution sketch.\n\nFinal answer: $\\boxed{{{a}}}$", a) == 1.0, a
-        assert is_equivalent(a, a)
-        if verifier._analyze_cached(a) is None:
+        if verifier._analyze_cached(a) is None:  # equal to itself by the string fallback alone
             fallback.append(a)
+        else:
+            assert is_equivalent(a, a)
         if re.fullmatch(r"-?\d+", a):
             assert not is_equivalent(str(int(a) + 1), a), a
     parsed = len(rows) - len(fallback)
