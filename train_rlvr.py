@@ -482,6 +482,23 @@ def static_decoder(model, amp) -> StaticDecoder:
     return held[2]
 
 
+def sampling_pick(streams: list[torch.Generator], temperature: float, top_p: float, device):
+    """The next-token rule of the rollouts: temperature + top-p, row i drawing from streams[i]."""
+    return lambda logits: sample_next_token(logits, temperature, top_p, draw_uniforms(streams, device))
+
+
+def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy decoding: the argmax of the float32 logits, no warper (the first of tied maxima)."""
+    return logits.float().argmax(dim=-1)
+
+
+def weight_cast_cache(amp, device_type: str):
+    # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
+    # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
+    # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
+    return torch.autocast(device_type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext()
+
+
 @torch.no_grad()
 def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
                       streams: list[torch.Generator], amp) -> tuple[list[torch.Tensor], list[bool]]:
@@ -494,14 +511,13 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
 
     The model forward is eager with a DynamicCache, or (setting `compile`, default on CUDA) a
     StaticDecoder; the sampling code is the same either way."""
-    # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
-    # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
-    # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
-    with torch.autocast(prompt_ids.device.type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext():
+    prompts = [prompt_ids] * len(streams)
+    pick = sampling_pick(streams, cfg.temperature, cfg.top_p, prompt_ids.device)
+    with weight_cast_cache(amp, prompt_ids.device.type):
         if compile_decode(cfg, prompt_ids.device) and not COMPILE_FAILED:
             states = [g.get_state() for g in streams]
             try:
-                return _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled=True)
+                return decode(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, compiled=True)
             except (torch.OutOfMemoryError, Interrupted):
                 raise
             except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
@@ -511,39 +527,67 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
                          "(compile: false skips the attempt)")
                 for g, state in zip(streams, states):  # the eager retry draws the same random numbers
                     g.set_state(state)
-        return _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled=False)
+        return decode(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, compiled=False)
 
 
 COMPILE_FAILED: list[str] = []  # why the compiled decoder failed in this process, if it did
 
 
-def _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled: bool):
-    rows = len(streams)
-    batch = prompt_ids.unsqueeze(0).repeat(rows, 1)  # same prompt: no padding needed
+def left_padded(prompts: list[torch.Tensor], pad_id: int):
+    """The prompts as one batch, plus the attention mask and position ids that padding needs.
+
+    Prompts of one length (the rollouts: one prompt repeated) are stacked as they are, with no
+    mask and no position ids, so that path computes exactly what it did before evaluation existed.
+    Otherwise row i is left-padded to the longest: its pads are masked out and its positions count
+    its real tokens only (cumsum of the mask - 1), so its numbers are those of the row alone up to
+    float rounding, and its last real token sits in the last column, where every row continues."""
+    if len({len(p) for p in prompts}) == 1:
+        return torch.stack(prompts), None, None
+    width = max(len(p) for p in prompts)
+    batch = prompts[0].new_full((len(prompts), width), pad_id)
+    mask = torch.zeros_like(batch)
+    for i, p in enumerate(prompts):
+        batch[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    return batch, mask, (mask.cumsum(dim=-1) - 1).masked_fill_(mask == 0, 1)
+
+
+def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, compiled: bool):
+    """The one decode loop of rollouts and evaluation: row i continues prompts[i], one token per
+    step chosen by pick(logits of every row), a KV cache, until every row has emitted EOS or
+    max_new_tokens. A finished row keeps being fed EOS (its later tokens are dropped), so rows
+    never change places in the batch. Returns each row's response (up to and including its first
+    EOS) and whether it was cut at the limit (no EOS). The compiled StaticDecoder serves the
+    rollouts only (one prompt repeated, no padding); evaluation decodes eagerly."""
+    rows, device = len(prompts), prompts[0].device
+    batch, mask, positions = left_padded(prompts, max(eos_id, 0))
     if compiled:
+        assert mask is None, "the compiled decoder takes one prompt repeated"
         decoder = static_decoder(model, amp)
-        logits = decoder.prefill(batch, cfg.max_new_tokens)
+        logits = decoder.prefill(batch, max_new_tokens)
         step = decoder.step
     else:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
+        padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
         with amp:
-            logits = model(batch, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            logits = model(batch, past_key_values=cache, use_cache=True, logits_to_keep=1, **padding).logits[:, -1]
 
         def step(ids):
+            if padding:  # one more real column per row; each row's position moves on by one
+                padding["attention_mask"] = torch.cat([padding["attention_mask"], mask.new_ones(rows, 1)], dim=1)
+                padding["position_ids"] = padding["position_ids"][:, -1:] + 1
             with amp:
-                return model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-    tokens = torch.full((rows, cfg.max_new_tokens), eos_id, dtype=torch.long, device=prompt_ids.device)
-    finished = torch.zeros(rows, dtype=torch.bool, device=prompt_ids.device)
+                return model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **padding).logits[:, -1]
+    tokens = torch.full((rows, max_new_tokens), eos_id, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
     steps = 0
-    for t in range(cfg.max_new_tokens):
-        nxt = sample_next_token(logits, cfg.temperature, cfg.top_p, draw_uniforms(streams, prompt_ids.device))
-        nxt = torch.where(finished, eos_id, nxt)
+    for t in range(max_new_tokens):
+        nxt = torch.where(finished, eos_id, pick(logits))
         tokens[:, t] = nxt
         finished |= nxt == eos_id
         steps = t + 1
-        if t + 1 == cfg.max_new_tokens or bool(finished.all()):
+        if t + 1 == max_new_tokens or bool(finished.all()):
             break
         check_stop()  # safe point for SIGINT/SIGTERM
         logits = step(nxt[:, None])
