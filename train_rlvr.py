@@ -6,8 +6,11 @@ response at a time, clip the gradient and take one AdamW step. One table row per
 
     python train_rlvr.py [--config config.yaml] [key=value ...]
 
+With eval_problems > 0 it also evaluates the model on MATH-500 (greedy by default) before step 1
+and after the last step, and prints a before/after table; num_problems=0 evaluates a model only.
+
 Read top to bottom: config, data and prompt, rollouts, rewards, advantages, log-probabilities and
-loss, optimizer step, logging, checkpoints, main.
+loss, optimizer step, logging, evaluation, checkpoints, main.
 """
 
 from __future__ import annotations
