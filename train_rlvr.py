@@ -1151,7 +1151,7 @@ def evaluate_if_due(step: int, last_step: int, log: list[dict], problems: list[d
     """Evaluate the weights after `step` if the settings ask for it there and `log` does not hold it
     yet; the records join `log` and the eval files are rewritten. Returns why the run must stop
     (a signal, or CUDA out of memory, during the evaluation), or None."""
-    if not evaluation_due(cfg, step, last_step) or any(r["step"] == step for r in log):
+    if not problems or not evaluation_due(cfg, step, last_step) or any(r["step"] == step for r in log):
         return None
     phase = eval_phase(step, last_step)
     t0 = time.perf_counter()
