@@ -16,8 +16,10 @@ A random model never emits EOS, so response lengths are imposed:
           (a hash of the prompt), the same whatever the batch: a batch then runs until its longest
           row, as real evaluations do. Synthetic lengths, not a real model's.
 
-The batch sizes are measured side by side in this one process, interleaved (the order alternates
-every repeat), medians over --repeats; the ratio is batched problems/s over batch 1's.
+The batch sizes are measured side by side in this one process: the problems, in evaluate's batch
+order, are cut into chunks of the largest batch size, and the variants take turns chunk by chunk
+(the order alternating), so a machine whose load drifts (a shared one) slows them alike. Medians
+over --repeats of the total time; the ratio is batched problems/s over the last batch size's.
 """
 
 from __future__ import annotations
@@ -155,14 +157,28 @@ def main(argv=None):
         wrapped = ImposedLengths(model, eos_id, args.new_tokens)
         time_evaluation(model, tokenizer, problems[:1], T.dataclasses.replace(cfg0, eval_max_new_tokens=2), -1,
                         scorer, amp, device)  # warm-up outside the timings
+        # The problems in evaluate's own batch order (by prompt length), cut into chunks of the
+        # largest batch: every chunk is one batch of the batched variant. The variants take turns
+        # chunk by chunk (the order alternating), so a change of the machine's load hits them alike.
+        ordered = sorted(problems, key=lambda p: (len(p["prompt_ids"]), p["index"]))
+        chunk = max(sizes)
+        chunks = [ordered[i:i + chunk] for i in range(0, len(ordered), chunk)]
+        turn = 0
         for rep in range(args.repeats):
-            for kind, size in (variants if rep % 2 == 0 else variants[::-1]):
-                cfg = T.dataclasses.replace(cfg0, eval_batch_size=size)
-                m, e = (model, -1) if kind == "forced" else (wrapped, eos_id)
-                seconds, tokens, texts = time_evaluation(m, tokenizer, problems, cfg, e, scorer, amp, device)
-                timings[(kind, size)].append((seconds, tokens))
-                responses.setdefault((kind, size), texts)
-                print(f"  repeat {rep + 1}/{args.repeats}: {kind} lengths, batch {size}: {seconds:.2f} s, "
+            totals = {v: [0.0, 0] for v in variants}
+            for part in chunks:
+                for kind, size in (variants if turn % 2 == 0 else variants[::-1]):
+                    cfg = T.dataclasses.replace(cfg0, eval_batch_size=size)
+                    m, e = (model, -1) if kind == "forced" else (wrapped, eos_id)
+                    seconds, tokens, texts = time_evaluation(m, tokenizer, part, cfg, e, scorer, amp, device)
+                    totals[(kind, size)][0] += seconds
+                    totals[(kind, size)][1] += tokens
+                    if rep == 0:
+                        responses.setdefault((kind, size), []).extend(texts)
+                turn += 1
+            for v, (seconds, tokens) in totals.items():
+                timings[v].append((seconds, tokens))
+                print(f"  repeat {rep + 1}/{args.repeats}: {v[0]} lengths, batch {v[1]}: {seconds:.2f} s, "
                       f"{tokens} tokens", file=sys.stderr, flush=True)
     same = all(responses[(kind, size)] == responses[(kind, sizes[-1])] for kind, size in variants)
 
