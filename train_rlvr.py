@@ -530,11 +530,15 @@ def static_decoder(model, amp) -> StaticDecoder:
 
 
 def sampling_pick(streams: list[torch.Generator], temperature: float, top_p: float, device):
-    """The next-token rule of the rollouts: temperature + top-p, row i drawing from streams[i]."""
-    return lambda logits: sample_next_token(logits, temperature, top_p, draw_uniforms(streams, device))
+    """The next-token rule of the rollouts: temperature + top-p, row i drawing from streams[i].
+    `rows` names the batch's rows still decoded when finished ones were dropped (None: all)."""
+    def pick(logits, rows=None):
+        drawing = streams if rows is None else [streams[i] for i in rows]
+        return sample_next_token(logits, temperature, top_p, draw_uniforms(drawing, device))
+    return pick
 
 
-def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
+def greedy_pick(logits: torch.Tensor, rows=None) -> torch.Tensor:
     """Greedy decoding: the argmax of the float32 logits, no warper (the first of tied maxima)."""
     return logits.float().argmax(dim=-1)
 
@@ -598,17 +602,23 @@ def left_padded(prompts: list[torch.Tensor], pad_id: int):
     return batch, mask, (mask.cumsum(dim=-1) - 1).masked_fill_(mask == 0, 1)
 
 
-def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, compiled: bool):
+def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, compiled: bool,
+           drop_finished: bool = False):
     """The one decode loop of rollouts and evaluation: row i continues prompts[i], one token per
-    step chosen by pick(logits of every row), a KV cache, until every row has emitted EOS or
-    max_new_tokens. A finished row keeps being fed EOS (its later tokens are dropped), so rows
-    never change places in the batch. Returns each row's response (up to and including its first
-    EOS) and whether it was cut at the limit (no EOS). The compiled StaticDecoder serves the
-    rollouts only (one prompt repeated, no padding); evaluation decodes eagerly."""
+    step chosen by pick(logits, rows), a KV cache, until every row has emitted EOS or
+    max_new_tokens. Returns each row's response (up to and including its first EOS) and whether
+    it was cut at the limit (no EOS).
+
+    Rollouts (drop_finished False): a finished row keeps being fed EOS and its later tokens are
+    dropped, so the batch keeps its shape and its numbers. Evaluation (drop_finished True): a row
+    leaves the batch (cache, mask, positions) at its EOS, so a batch whose rows end at different
+    lengths stops paying for the ended ones; pick then gets the original indices of the rows left.
+    The compiled StaticDecoder serves the rollouts only (one prompt repeated, no padding);
+    evaluation decodes eagerly."""
     rows, device = len(prompts), prompts[0].device
     batch, mask, positions = left_padded(prompts, max(eos_id, 0))
     if compiled:
-        assert mask is None, "the compiled decoder takes one prompt repeated"
+        assert mask is None and not drop_finished, "the compiled decoder takes one prompt repeated, whole"
         decoder = static_decoder(model, amp)
         logits = decoder.prefill(batch, max_new_tokens)
         step = decoder.step
@@ -622,21 +632,37 @@ def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int,
 
         def step(ids):
             if padding:  # one more real column per row; each row's position moves on by one
-                padding["attention_mask"] = torch.cat([padding["attention_mask"], mask.new_ones(rows, 1)], dim=1)
+                padding["attention_mask"] = torch.cat([padding["attention_mask"], mask.new_ones(len(ids), 1)], dim=1)
                 padding["position_ids"] = padding["position_ids"][:, -1:] + 1
             with amp:
                 return model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **padding).logits[:, -1]
     tokens = torch.full((rows, max_new_tokens), eos_id, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    live = list(range(rows)) if drop_finished else None  # the rows still in the batch, by original index
     steps = 0
     for t in range(max_new_tokens):
-        nxt = torch.where(finished, eos_id, pick(logits))
-        tokens[:, t] = nxt
-        finished |= nxt == eos_id
+        if live is None:
+            nxt = torch.where(finished, eos_id, pick(logits))
+            tokens[:, t] = nxt
+            finished |= nxt == eos_id
+        else:
+            nxt = pick(logits, live)
+            ended = nxt == eos_id
+            index = torch.tensor(live, device=device)
+            tokens[index, t] = nxt
+            finished[index] = ended
         steps = t + 1
         if t + 1 == max_new_tokens or bool(finished.all()):
             break
         check_stop()  # safe point for SIGINT/SIGTERM
+        if live is not None and bool(ended.any()):  # the ended rows leave the batch
+            keep = (~ended).nonzero().squeeze(-1)
+            live = [live[i] for i in keep.tolist()]
+            for layer in cache.layers:
+                layer.batch_select_indices(keep)
+            for key in padding:
+                padding[key] = padding[key][keep]
+            nxt = nxt[keep]
         logits = step(nxt[:, None])
     responses, cut = [], []
     for row in tokens[:, :steps]:
@@ -972,7 +998,7 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, s
                     stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
                 pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
             responses, cut = decode(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens, eos_id, pick,
-                                    amp, compiled=False)
+                                    amp, compiled=False, drop_finished=True)
             texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
             scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
             for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):

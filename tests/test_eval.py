@@ -77,12 +77,14 @@ def test_left_padding_masks_and_positions():
     assert same[1] is None and same[2] is None  # one length (the rollouts): no mask, no position ids
 
 
-def test_batched_greedy_decoding_gives_each_problem_its_tokens_alone(tiny_model):
+@pytest.mark.parametrize("drop_finished", [True, False])
+def test_batched_greedy_decoding_gives_each_problem_its_tokens_alone(tiny_model, drop_finished):
     model, _ = tiny_model
     prompts = _prompts()
 
     def greedy(ps, eos):
-        responses, cut = T.decode(model, ps, 10, eos, T.greedy_pick, T.nullcontext(), compiled=False)
+        responses, cut = T.decode(model, ps, 10, eos, T.greedy_pick, T.nullcontext(), compiled=False,
+                                  drop_finished=drop_finished)
         return [r.tolist() for r in responses], cut
     alone = [greedy([p], -1)[0][0] for p in prompts]
     assert len({tuple(r) for r in alone}) > 1  # the prompts lead to different responses
@@ -111,14 +113,21 @@ class _EchoPositions(torch.nn.Module):
         return SimpleNamespace(logits=logits)
 
 
-def test_each_row_counts_its_own_positions_and_stops_at_its_eos(tiny_model):
+@pytest.mark.parametrize("drop_finished", [False, True])
+def test_each_row_counts_its_own_positions_and_stops_at_its_eos(tiny_model, drop_finished):
     model, _ = tiny_model
     echo = _EchoPositions(model.config)
     prompts = [torch.tensor([3, 3, 3, 3]), torch.tensor([3]), torch.tensor([3, 3])]
-    responses, cut = T.decode(echo, prompts, 8, 0, T.greedy_pick, T.nullcontext(), compiled=False)
+    responses, cut = T.decode(echo, prompts, 8, 0, T.greedy_pick, T.nullcontext(), compiled=False,
+                              drop_finished=drop_finished)
     assert [r.tolist() for r in responses] == [[4, 5, 0], [1, 2, 3, 4, 5, 0], [2, 3, 4, 5, 0]]
     assert cut == [False, False, False]
     assert echo.seen[0] == (4, [3, 0, 1]) and echo.seen[1] == (5, [4, 1, 2])  # mask grows by one column
+    if drop_finished:  # row 0 left after its EOS (3rd token), row 2 after its 5th
+        assert [len(pos) for _, pos in echo.seen] == [3, 3, 3, 2, 2, 1]
+        assert echo.seen[3] == (7, [3, 4]) and echo.seen[5] == (9, [5])
+    else:
+        assert [len(pos) for _, pos in echo.seen] == [3] * 6
 
 
 def _eval_cfg(**kw):
