@@ -68,7 +68,8 @@ def parse_args(argv=None):
 class ImposedLengths(torch.nn.Module):
     """The model, with each row's response length imposed: row r's logits pick EOS at its
     target-th token and never before. The target is a hash of the row's prompt tokens, so a
-    problem ends at the same length alone or in any batch."""
+    problem ends at the same length alone or in any batch. Rows that end leave the batch at the
+    next call (train_rlvr.decode drops them), and their targets with them."""
 
     def __init__(self, model, eos_id: int, max_new_tokens: int):
         super().__init__()
@@ -84,6 +85,8 @@ class ImposedLengths(torch.nn.Module):
             rows = list(input_ids) if attention_mask is None else [
                 row[mask.bool()] for row, mask in zip(input_ids, attention_mask)]
             self.targets, self.calls = [self.target(r.tolist()) for r in rows], 0
+        elif input_ids.shape[0] < len(self.targets):  # decode dropped the rows this wrapper just ended
+            self.targets = [t for t in self.targets if t != self.calls]
         out = self.inner(input_ids, attention_mask=attention_mask, **kwargs)
         logits = out.logits
         self.calls += 1
