@@ -6,14 +6,18 @@ response at a time, clip the gradient and take one AdamW step. One table row per
 
     python train_rlvr.py [--config config.yaml] [key=value ...]
 
+With eval_problems > 0 it also evaluates the model on MATH-500 (greedy by default) before step 1
+and after the last step, and prints a before/after table; num_problems=0 evaluates a model only.
+
 Read top to bottom: config, data and prompt, rollouts, rewards, advantages, log-probabilities and
-loss, optimizer step, logging, checkpoints, main.
+loss, optimizer step, logging, evaluation, checkpoints, main.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -80,12 +84,22 @@ class Config:
     keep_last: int = 2
     resume: str = ""
     overwrite: bool = False
+    # before/after evaluation (the Evaluation section); eval_problems 0 leaves it off
+    eval_dataset: str = "HuggingFaceH4/MATH-500"
+    eval_split: str = "test"
+    eval_problems: int = 0
+    eval_max_new_tokens: int = 2048
+    eval_batch_size: int = 16
+    eval_samples: int = 1
+    eval_temperature: float = 0.8
+    eval_top_p: float = 0.9
+    eval_every: int = 0
 
 
 # Keys that may differ between a checkpoint and the run that resumes it: none of them changes a
 # number of the steps already taken. Every other key does, and a difference is refused.
 RESUME_MAY_DIFFER = {"output_dir", "save_every", "keep_last", "resume", "overwrite", "verifier_timeout",
-                     "num_problems", "max_bad_steps"}
+                     "num_problems", "max_bad_steps", "eval_batch_size"}
 
 
 class UserError(Exception):
@@ -131,7 +145,7 @@ def validate_config(cfg: Config) -> None:
         ("temperature", cfg.temperature > 0, "a number > 0"),
         ("top_p", 0 < cfg.top_p <= 1, "a number in (0, 1]"),
         ("max_new_tokens", 1 <= cfg.max_new_tokens <= 2**20, "an integer in [1, 1048576]"),
-        ("num_problems", cfg.num_problems >= 1, "an integer >= 1"),
+        ("num_problems", cfg.num_problems >= 0, "an integer >= 0 (0: evaluation only)"),
         ("start_index", cfg.start_index >= 0, "an integer >= 0"),
         # AdamW turns lr / (1 - beta1**t) and lr * weight_decay into float32 scalars: beyond ~3e38 it raises
         ("learning_rate", 0 < cfg.learning_rate <= 1e37, "a number in (0, 1e37] (AdamW's step size is a float32)"),
@@ -156,6 +170,7 @@ def validate_config(cfg: Config) -> None:
         ("model", cfg.model.strip() != "", "a hub id or a local folder"),
         ("dataset", cfg.dataset.strip() != "", "a hub name, a URL or a local JSON/JSONL/Parquet file"),
         ("output_dir", cfg.output_dir.strip() != "", "a folder path"),
+        *eval_checks(cfg),
     ]
     for f in dataclasses.fields(cfg):
         if f.type == "float" and not math.isfinite(getattr(cfg, f.name)):
@@ -163,6 +178,23 @@ def validate_config(cfg: Config) -> None:
     for key, ok, want in checks:
         if not ok:
             raise UserError(f"config key '{key}' must be {want}, got {getattr(cfg, key)!r}")
+
+
+def eval_checks(cfg: Config) -> list[tuple[str, bool, str]]:
+    """The evaluation settings' checks, in validate_config's (key, ok, what it must be) form."""
+    return [
+        ("eval_problems", cfg.eval_problems >= 0, "an integer >= 0 (0: no evaluation)"),
+        ("eval_problems", cfg.eval_problems >= 1 or cfg.num_problems >= 1,
+         "an integer >= 1 when num_problems is 0 (evaluation only)"),
+        ("eval_dataset", cfg.eval_dataset.strip() != "", "a hub name, a URL or a local JSON/JSONL/Parquet file"),
+        ("eval_max_new_tokens", cfg.eval_max_new_tokens >= 1, "an integer >= 1"),
+        ("eval_batch_size", cfg.eval_batch_size >= 1, "an integer >= 1 (problems decoded together)"),
+        ("eval_samples", cfg.eval_samples >= 1, "an integer >= 1 (1: greedy)"),
+        ("eval_temperature", cfg.eval_temperature > 0, "a number > 0"),
+        ("eval_top_p", 0 < cfg.eval_top_p <= 1, "a number in (0, 1]"),
+        ("eval_every", cfg.eval_every >= 0, "an integer >= 0 (0: before and after only)"),
+        ("resume", not (cfg.resume and cfg.num_problems == 0), "empty with num_problems 0 (evaluation only runs once)"),
+    ]
 
 
 def load_config(argv: list[str] | None = None) -> Config:
@@ -296,7 +328,7 @@ def network_problem(source: str) -> str | None:
     return None
 
 
-def load_records(source: str, split: str, what: str = "dataset"):
+def open_dataset(source: str, split: str, what: str = "dataset"):
     """A datasets.Dataset from a hub name, a URL or a local .json/.jsonl(.gz)/.parquet file;
     every failure a one-line UserError naming the source and the fix."""
     import datasets
@@ -324,19 +356,29 @@ def load_records(source: str, split: str, what: str = "dataset"):
         raise UserError(f"could not load {what} {source!r}: {type(e).__name__}: {detail}")
 
 
+def load_records(source: str, split: str, fields: dict[str, str], start: int, count: int,
+                 setting: str = "dataset", count_keys: tuple[str, ...] = ("start_index", "num_problems")) -> list[dict]:
+    """Records start .. start + count - 1 of a data set, in file order (never shuffled), each a dict
+    of all its fields plus "index" (its position in the file). `source` is a hub name, a URL or a
+    local .json/.jsonl(.gz)/.parquet file; `fields` maps setting -> field name that every record must
+    have; `setting` and `count_keys` name the settings in the error messages."""
+    ds = open_dataset(source, split, setting)
+    for key, field in fields.items():
+        if field not in ds.column_names:
+            raise UserError(f"{setting} has no field '{field}' (set {key}); its fields are: {', '.join(ds.column_names)}")
+    end = start + count
+    if len(ds) < end:
+        raise UserError(f"{setting} has {len(ds)} records but {' + '.join(count_keys)} = {end}; "
+                        f"lower {' or '.join(reversed(count_keys))}")
+    return [dict(ds[i], index=i) for i in range(start, end)]
+
+
 def load_problems(cfg: Config) -> list[dict]:
     """The first num_problems records from start_index, in file order (never shuffled)."""
-    ds = load_records(cfg.dataset, cfg.dataset_split)
-    for key in ("problem_field", "answer_field"):
-        field = getattr(cfg, key)
-        if field not in ds.column_names:
-            raise UserError(f"dataset has no field '{field}' (set {key}); its fields are: {', '.join(ds.column_names)}")
-    end = cfg.start_index + cfg.num_problems
-    if len(ds) < end:
-        raise UserError(f"dataset has {len(ds)} records but start_index + num_problems = {end}; "
-                        "lower num_problems or start_index")
-    return [{"index": i, "problem": ds[i][cfg.problem_field], "answer": ds[i][cfg.answer_field]}
-            for i in range(cfg.start_index, end)]
+    records = load_records(cfg.dataset, cfg.dataset_split,
+                           {"problem_field": cfg.problem_field, "answer_field": cfg.answer_field},
+                           cfg.start_index, cfg.num_problems)
+    return [{"index": r["index"], "problem": r[cfg.problem_field], "answer": r[cfg.answer_field]} for r in records]
 
 
 def build_prompt(template: str, problem: str) -> str:
@@ -344,31 +386,36 @@ def build_prompt(template: str, problem: str) -> str:
     return template.replace("{problem}", problem)
 
 
-def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int) -> list[dict]:
+def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
+                   max_new_tokens: int | None = None, setting: str = "dataset") -> list[dict]:
     """Refuse (bad_records: stop) or leave out (skip) records that cannot be trained on, before
     training begins: a non-text or empty problem, an empty answer, a prompt that with
-    max_new_tokens does not fit the model's context."""
+    max_new_tokens does not fit the model's context. The evaluation set goes through the same
+    checks with eval_max_new_tokens (setting: eval_dataset)."""
+    budget, budget_key = (cfg.max_new_tokens, "max_new_tokens") if max_new_tokens is None else (
+        max_new_tokens, "eval_max_new_tokens")
     good, bad = [], []
     for p in problems:
         if not isinstance(p["problem"], str) or not p["problem"].strip():
-            bad.append(f"dataset record {p['index']}: '{cfg.problem_field}' is not a non-empty text")
+            bad.append(f"{setting} record {p['index']}: '{cfg.problem_field}' is not a non-empty text")
         elif p["answer"] is None or str(p["answer"]).strip() == "":
-            bad.append(f"dataset record {p['index']}: '{cfg.answer_field}' is empty")
+            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is empty")
         else:
             ids = tokenizer(build_prompt(cfg.prompt_template, p["problem"]), add_special_tokens=False)["input_ids"]
             n = len(ids)
-            if n + cfg.max_new_tokens > context:
-                bad.append(f"dataset record {p['index']}: its prompt has {n} tokens, and with max_new_tokens "
-                           f"{cfg.max_new_tokens} it exceeds the model's context of {context}")
+            if n + budget > context:
+                bad.append(f"{setting} record {p['index']}: its prompt has {n} tokens, and with {budget_key} "
+                           f"{budget} it exceeds the model's context of {context}")
             else:
                 good.append(dict(p, answer=str(p["answer"]), prompt_ids=ids))
     if bad and cfg.bad_records == "stop":
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise UserError(f"{bad[0]}{more}; fix the data, move start_index, or set bad_records: skip")
+        move = "move start_index" if setting == "dataset" else f"lower {budget_key}"
+        raise UserError(f"{bad[0]}{more}; fix the data, {move}, or set bad_records: skip")
     for msg in bad:
         progress(f"skipping {msg}")
     if not good:
-        raise UserError("no dataset record is usable; fix the data or the settings above")
+        raise UserError(f"no {setting} record is usable; fix the data or the settings above")
     return good
 
 
@@ -587,6 +634,27 @@ def static_decoder(model, amp) -> StaticDecoder:
     return held[2]
 
 
+def sampling_pick(streams: list[torch.Generator], temperature: float, top_p: float, device):
+    """The next-token rule of the rollouts: temperature + top-p, row i drawing from streams[i].
+    `rows` names the batch's rows still decoded when finished ones were dropped (None: all)."""
+    def pick(logits, rows=None):
+        drawing = streams if rows is None else [streams[i] for i in rows]
+        return sample_next_token(logits, temperature, top_p, draw_uniforms(drawing, device))
+    return pick
+
+
+def greedy_pick(logits: torch.Tensor, rows=None) -> torch.Tensor:
+    """Greedy decoding: the argmax of the float32 logits, no warper (the first of tied maxima)."""
+    return logits.float().argmax(dim=-1)
+
+
+def weight_cast_cache(amp, device_type: str):
+    # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
+    # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
+    # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
+    return torch.autocast(device_type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext()
+
+
 @torch.no_grad()
 def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
                       streams: list[torch.Generator], amp) -> tuple[list[torch.Tensor], list[bool]]:
@@ -600,15 +668,14 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
     The model forward is eager with a DynamicCache, or (setting `compile`, default on CUDA) a
     StaticDecoder; the sampling code is the same either way. Both give the model's own full-forward
     logits: exactly in float32, within a few bf16 ulps under bf16 autocast (see StaticDecoder)."""
-    # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
-    # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
-    # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
-    with torch.autocast(prompt_ids.device.type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext():
+    prompts = [prompt_ids] * len(streams)
+    pick = sampling_pick(streams, cfg.temperature, cfg.top_p, prompt_ids.device)
+    with weight_cast_cache(amp, prompt_ids.device.type):
         if compile_decode(cfg, prompt_ids.device) and not COMPILE_FAILED:
             states = [g.get_state() for g in streams]
             try:
                 check_compiled_decode(model, prompt_ids, cfg, amp)
-                return _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled=True)
+                return decode(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, compiled=True)
             except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
                 raise
             except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
@@ -618,7 +685,7 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
                          "(compile: false skips the attempt)")
                 for g, state in zip(streams, states):  # the eager retry draws the same random numbers
                     g.set_state(state)
-        return _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled=False)
+        return decode(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, compiled=False)
 
 
 COMPILE_FAILED: list[str] = []  # why the compiled decoder failed in this process, if it did
@@ -672,31 +739,73 @@ def check_compiled_decode(model, prompt_ids: torch.Tensor, cfg: Config, amp) -> 
     decoder.checked = True
 
 
-def _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled: bool):
-    rows = len(streams)
-    batch = prompt_ids.unsqueeze(0).repeat(rows, 1)  # same prompt: no padding needed
+def left_padded(prompts: list[torch.Tensor], pad_id: int):
+    """The prompts as one batch, plus the attention mask and position ids that padding needs.
+
+    Prompts of one length (the rollouts: one prompt repeated) are stacked as they are, with no
+    mask and no position ids, so that path computes exactly what it did before evaluation existed.
+    Otherwise row i is left-padded to the longest: its pads are masked out and its positions count
+    its real tokens only (cumsum of the mask - 1), so its numbers are those of the row alone up to
+    float rounding, and its last real token sits in the last column, where every row continues."""
+    if len({len(p) for p in prompts}) == 1:
+        return torch.stack(prompts), None, None
+    width = max(len(p) for p in prompts)
+    batch = prompts[0].new_full((len(prompts), width), pad_id)
+    mask = torch.zeros_like(batch)
+    for i, p in enumerate(prompts):
+        batch[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    return batch, mask, (mask.cumsum(dim=-1) - 1).masked_fill_(mask == 0, 1)
+
+
+def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, compiled: bool,
+           drop_finished: bool = False):
+    """The one decode loop of rollouts and evaluation: row i continues prompts[i], one token per
+    step chosen by pick(logits, rows), a KV cache, until every row has emitted EOS or
+    max_new_tokens. Returns each row's response (up to and including its first EOS) and whether
+    it was cut at the limit (no EOS).
+
+    Rollouts (drop_finished False): a finished row keeps being fed EOS and its later tokens are
+    dropped, so the batch keeps its shape and its numbers. Evaluation (drop_finished True): a row
+    leaves the batch (cache, mask, positions) at its EOS, so a batch whose rows end at different
+    lengths stops paying for the ended ones; pick then gets the original indices of the rows left.
+    The compiled StaticDecoder serves the rollouts only (one prompt repeated, no padding);
+    evaluation decodes eagerly."""
+    rows, device = len(prompts), prompts[0].device
+    batch, mask, positions = left_padded(prompts, max(eos_id, 0))
     if compiled:
+        assert mask is None and not drop_finished, "the compiled decoder takes one prompt repeated, whole"
         decoder = static_decoder(model, amp)
-        logits = decoder.prefill(batch, cfg.max_new_tokens)
+        logits = decoder.prefill(batch, max_new_tokens)
         step = decoder.step
     else:
         from transformers import DynamicCache
 
         cache, name = DynamicCache(config=model.config), cache_arg(model)
+        padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
         with amp:
-            logits = next_token_scores(model, batch, cache, name)
+            logits = next_token_scores(model, batch, cache, name, **padding)
 
         def step(ids):
+            if padding:  # one more real column per row; each row's position moves on by one
+                padding["attention_mask"] = torch.cat([padding["attention_mask"], mask.new_ones(len(ids), 1)], dim=1)
+                padding["position_ids"] = padding["position_ids"][:, -1:] + 1
             with amp:
-                return next_token_scores(model, ids, cache, name)
-    tokens = torch.full((rows, cfg.max_new_tokens), eos_id, dtype=torch.long, device=prompt_ids.device)
-    finished = torch.zeros(rows, dtype=torch.bool, device=prompt_ids.device)
+                return next_token_scores(model, ids, cache, name, **padding)
+    tokens = torch.full((rows, max_new_tokens), eos_id, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    live = list(range(rows)) if drop_finished else None  # the rows still in the batch, by original index
     steps = 0
-    for t in range(cfg.max_new_tokens):
-        nxt = sample_next_token(logits, cfg.temperature, cfg.top_p, draw_uniforms(streams, prompt_ids.device))
-        nxt = torch.where(finished, eos_id, nxt)
-        tokens[:, t] = nxt
-        finished |= nxt == eos_id
+    for t in range(max_new_tokens):
+        if live is None:
+            nxt = torch.where(finished, eos_id, pick(logits))
+            tokens[:, t] = nxt
+            finished |= nxt == eos_id
+        else:
+            nxt = pick(logits, live)
+            ended = nxt == eos_id
+            index = torch.tensor(live, device=device)
+            tokens[index, t] = nxt
+            finished[index] = ended
         steps = t + 1
         # one host sync per token, as before: whether all rows are done, and whether the scores were
         # usable (NaN or +inf would have drawn an out-of-range id, which the next forward trips on)
@@ -704,9 +813,17 @@ def _generate(model, prompt_ids, cfg, eos_id, streams, amp, compiled: bool):
         done, bad = torch.stack([finished.all(), unusable]).tolist()
         if bad:
             raise NonFiniteScores(f"the model's next-token scores are NaN or infinite at new token {t + 1}")
-        if t + 1 == cfg.max_new_tokens or done:
+        if t + 1 == max_new_tokens or done:
             break
         check_stop()  # safe point for SIGINT/SIGTERM
+        if live is not None and bool(ended.any()):  # the ended rows leave the batch
+            keep = (~ended).nonzero().squeeze(-1)
+            live = [live[i] for i in keep.tolist()]
+            for layer in cache.layers:
+                layer.batch_select_indices(keep)
+            for key in padding:
+                padding[key] = padding[key][keep]
+            nxt = nxt[keep]
         logits = step(nxt[:, None])
     responses, cut = [], []
     for row in tokens[:, :steps]:
@@ -1011,6 +1128,395 @@ def append_jsonl(path: Path, records: list[dict]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# Evaluation
+#
+# The step table shows that the weights moved; this shows whether the model got better at math.
+# Before step 1 and after the last step (and after every eval_every steps), the first
+# eval_problems problems of eval_dataset (MATH-500 by default) are answered with the training
+# prompt and EOS, through the rollouts' decode loop (greedy; or eval_samples sampled responses per
+# problem), and scored by the same TimedVerifier. Evaluation decodes eagerly with a DynamicCache:
+# the compiled StaticDecoder serves the rollouts only (one prompt repeated, no padding).
+
+EVAL_FILES = ("eval.jsonl", "eval_summary.json")
+Z95 = 1.959964  # the two-sided 95 % normal quantile
+
+
+def normalize_level(value) -> str:
+    """A MATH level as "1".."5": MATH-500 on the hub has ints, the training file "Level 3" texts."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = "" if value is None else str(value).strip()
+    if text.lower().startswith("level"):
+        text = text[5:].strip()
+    return text or "unknown"
+
+
+def load_eval_problems(cfg: Config) -> list[dict]:
+    """The first eval_problems records of eval_dataset, in file order, with the fields named by
+    problem_field and answer_field, and level, subject and unique_id where records have them
+    ("unknown" / None where not). Loaded before the model, so a missing field costs no load."""
+    if cfg.eval_problems == 0:
+        return []
+    records = load_records(cfg.eval_dataset, cfg.eval_split,
+                           {"problem_field": cfg.problem_field, "answer_field": cfg.answer_field},
+                           0, cfg.eval_problems, setting="eval_dataset", count_keys=("eval_problems",))
+    subject = lambda r: str(r["subject"]).strip() if str(r.get("subject") or "").strip() else "unknown"  # noqa: E731
+    return [{"index": r["index"], "problem": r[cfg.problem_field], "answer": r[cfg.answer_field],
+             "level": normalize_level(r.get("level")), "subject": subject(r), "unique_id": r.get("unique_id")}
+            for r in records]
+
+
+def eval_phase(step: int, last_step: int) -> str:
+    """The name of the evaluation of the weights after `step`: before, step-N or after."""
+    return "before" if step == 0 else "after" if step == last_step else f"step-{step}"
+
+
+def evaluation_due(cfg: Config, step: int, last_step: int) -> bool:
+    return cfg.eval_problems > 0 and (step in (0, last_step) or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
+
+
+def score_responses(scorer: verifier.TimedVerifier, texts: list[str], golds: list[str]) -> list[tuple]:
+    """(reward, extracted answer, status) per response, each against its own problem's reference,
+    through the rollouts' TimedVerifier (statuses correct, wrong, no_answer, timeout, crash)."""
+    return [scorer.score(text, gold) for text, gold in zip(texts, golds)]
+
+
+def eval_progress(phase: str, done: int, total: int, seconds: float, tokens: int) -> None:
+    """A progress bar over problems on stderr: redrawn in place on a terminal, a line per batch elsewhere."""
+    width = 30
+    bar = "#" * (width * done // total) + "." * (width - width * done // total)
+    msg = (f"[eval {phase}] |{bar}| {done}/{total} problems  {seconds:.1f} s  "
+           f"{tokens / seconds if seconds > 0 else 0.0:.0f} tokens/s")
+    if sys.stderr.isatty():
+        print("\r" + msg, end="\n" if done == total else "", file=sys.stderr, flush=True)
+    else:
+        progress(msg)
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, scorer, amp,
+             phase: str, step: int | None) -> list[dict]:
+    """Answer every problem with the current weights, eval_samples responses each, and score them:
+    one record per problem and sample, in file order (problem, then sample).
+
+    eval_batch_size problems are decoded together, in order of prompt length (less padding). Every
+    row is computed on its own: greedy is the argmax of its logits, and sample s of problem i draws
+    from its own stream (seed, "eval", i, s), the same before and after training (common random
+    numbers make the paired comparison fairer). So neither the batch size nor the order changes a
+    token, up to float rounding of the padded batch (it could only flip an exact near-tie)."""
+    k, device = cfg.eval_samples, next(model.parameters()).device
+    order = sorted(range(len(problems)), key=lambda i: (len(problems[i]["prompt_ids"]), i))
+    records: list[dict | None] = [None] * (len(problems) * k)
+    t0, tokens = time.perf_counter(), 0
+    with weight_cast_cache(amp, device.type):
+        for start in range(0, len(order), cfg.eval_batch_size):
+            check_stop()  # safe point for SIGINT/SIGTERM
+            batch = order[start:start + cfg.eval_batch_size]
+            rows = [(i, s) for i in batch for s in range(k)]
+            prompt = {i: torch.tensor(problems[i]["prompt_ids"], device=device) for i in batch}
+            if k == 1:
+                pick = greedy_pick
+            else:
+                streams = [torch.Generator(device=device).manual_seed(
+                    stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
+                pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
+            responses, cut = decode(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens, eos_id, pick,
+                                    amp, compiled=False, drop_finished=True)
+            texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
+            scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
+            for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):
+                p = problems[i]
+                records[i * k + s] = {
+                    "phase": phase, "step": step, "problem_index": p["index"], "unique_id": p.get("unique_id"),
+                    "level": p.get("level", "unknown"), "subject": p.get("subject", "unknown"), "sample": s,
+                    "response": text, "answer": answer, "reference": p["answer"], "status": status,
+                    "reward": reward, "tokens": len(response), "cut_at_limit": was_cut,
+                }
+            tokens += sum(len(r) for r in responses)
+            eval_progress(phase, start + len(batch), len(order), time.perf_counter() - t0, tokens)
+    return records
+
+
+# Statistics
+
+def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion successes / n (Wilson 1927): unlike the normal
+    approximation it stays inside [0, 1] and is not degenerate at 0 or n successes."""
+    if n == 0:
+        return 0.0, 1.0
+    p, z2 = successes / n, z * z
+    center = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def mcnemar_exact_p(improved: int, regressed: int) -> float:
+    """The exact two-sided McNemar test of paired right/wrong outcomes: under no change, each of the
+    improved + regressed discordant problems is equally likely to go either way, so
+    p = min(1, 2 * P(X <= min(improved, regressed))) with X ~ Binomial(improved + regressed, 1/2).
+    Integer arithmetic, one rounding; 1 when no problem changed."""
+    n = improved + regressed
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(improved, regressed) + 1))
+    return min(1.0, 2 * tail / 2 ** n)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of Chen et al. 2021 from n samples of which c are correct:
+    1 - C(n - c, k) / C(n, k), computed as their numerically stable product."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def _group_key(kind: str, name: str):
+    # overall first; levels in numeric order; then subjects alphabetically; "unknown" last in each
+    return ({"overall": 0, "level": 1, "subject": 2}[kind], name == "unknown",
+            (0, int(name)) if name.isdigit() else (1, name))
+
+
+def summarize_phase(records: list[dict], samples: int) -> dict:
+    """Every number of one evaluation: per group (overall, each level, each subject) the problems n,
+    correct responses, accuracy (mean pass@1; greedy: correct / n) with its 95 % Wilson interval,
+    and for samples > 1 pass@j for j = 1, 2, 4, ..., samples; and the format figures."""
+    correct: dict[int, int] = {}
+    meta: dict[int, dict] = {}
+    for r in records:
+        correct[r["problem_index"]] = correct.get(r["problem_index"], 0) + (r["reward"] == 1.0)
+        meta[r["problem_index"]] = r
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, r in meta.items():
+        for key in (("overall", "overall"), ("level", r["level"]), ("subject", r["subject"])):
+            groups.setdefault(key, []).append(i)
+    js = sorted({samples, *(2 ** e for e in range(samples.bit_length()) if 2 ** e <= samples)})
+    rows = []
+    for (kind, name) in sorted(groups, key=lambda g: _group_key(*g)):
+        ids = groups[(kind, name)]
+        n, c = len(ids), sum(correct[i] for i in ids)
+        row = {"group": name if kind != "level" else f"level {name}", "kind": kind, "n": n, "correct": c,
+               "accuracy": c / (n * samples), "wilson95": list(wilson_interval(c / samples, n))}
+        if samples > 1:
+            row["pass_at_k"] = {str(j): sum(pass_at_k(samples, correct[i], j) for i in ids) / n for j in js}
+            row["pass_at_k_wilson95"] = list(wilson_interval(row["pass_at_k"][str(samples)] * n, n))
+        rows.append(row)
+    statuses = [r["status"] for r in records]
+    return {
+        "step": records[0]["step"], "problems": len(meta), "samples": samples, "responses": len(records),
+        "groups": rows,
+        "format": {
+            "no_answer_rate": statuses.count("no_answer") / len(records),
+            "cut_at_limit_rate": sum(r["cut_at_limit"] for r in records) / len(records),
+            "mean_response_tokens": sum(r["tokens"] for r in records) / len(records),
+            "verifier_overruns": statuses.count("timeout") + statuses.count("crash"),
+        },
+    }
+
+
+def paired_comparison(before: list[dict], after: list[dict], samples: int) -> dict:
+    """Per problem, its correct responses before vs after: improved (more), regressed (fewer), right
+    both times (all right in both), wrong both times (none right in both), and for samples > 1 the
+    problems unchanged in between. The p-value is the exact McNemar test on improved vs regressed
+    (for samples > 1 that is the exact sign test on the per-problem counts: the samples of one
+    problem are not independent, so they are not counted as separate pairs)."""
+    def counts(records):
+        out: dict[int, int] = {}
+        for r in records:
+            out[r["problem_index"]] = out.get(r["problem_index"], 0) + (r["reward"] == 1.0)
+        return out
+    b, a = counts(before), counts(after)
+    both = sorted(set(b) & set(a))
+    res = {
+        "problems": len(both),
+        "improved": sum(a[i] > b[i] for i in both),
+        "regressed": sum(a[i] < b[i] for i in both),
+        "right_both_times": sum(a[i] == b[i] == samples for i in both),
+        "wrong_both_times": sum(a[i] == b[i] == 0 for i in both),
+    }
+    res["unchanged_in_between"] = len(both) - sum(res[k] for k in ("improved", "regressed", "right_both_times",
+                                                                   "wrong_both_times"))
+    res["mcnemar_p"] = mcnemar_exact_p(res["improved"], res["regressed"])
+    return res
+
+
+def eval_summary(records: list[dict], cfg: Config) -> dict:
+    """eval_summary.json: the settings, every phase's summary, and before vs after (change per group
+    in percentage points, the paired comparison) when both exist."""
+    by_phase: dict[str, list[dict]] = {}
+    for r in sorted(records, key=lambda r: -1 if r["step"] is None else r["step"]):
+        by_phase.setdefault(r["phase"], []).append(r)
+    phases = {name: summarize_phase(rs, cfg.eval_samples) for name, rs in by_phase.items()}
+    summary = {
+        "settings": {k: getattr(cfg, k) for k in ("model", "revision", "eval_dataset", "eval_split", "eval_problems",
+                                                   "eval_max_new_tokens", "eval_samples", "eval_temperature",
+                                                   "eval_top_p", "eval_every", "seed", "prompt_template", "eos_token")},
+        "decoding": "greedy" if cfg.eval_samples == 1 else "sampled",
+        "phases": phases,
+    }
+    if "before" in phases and "after" in phases:
+        b, a = phases["before"]["groups"], {g["group"]: g for g in phases["after"]["groups"]}
+        change = {}
+        for g in b:
+            if g["group"] in a:
+                change[g["group"]] = {"accuracy": 100 * (a[g["group"]]["accuracy"] - g["accuracy"])}
+                if cfg.eval_samples > 1:
+                    k = str(cfg.eval_samples)
+                    change[g["group"]][f"pass_at_{k}"] = 100 * (a[g["group"]]["pass_at_k"][k] - g["pass_at_k"][k])
+        summary["comparison"] = {"from": "before", "to": "after", "change_points": change,
+                                 "paired": paired_comparison(by_phase["before"], by_phase["after"], cfg.eval_samples)}
+    return summary
+
+
+def write_eval_files(out: Path, records: list[dict], cfg: Config) -> dict:
+    """eval.jsonl (every record so far, rewritten whole) and eval_summary.json, each written to a
+    temporary file and renamed into place. Returns the summary."""
+    summary = eval_summary(records, cfg)
+    for name, text in (("eval.jsonl", "".join(json.dumps(_json_safe(r)) + "\n" for r in records)),
+                       ("eval_summary.json", json.dumps(_json_safe(summary), indent=1) + "\n")):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+    return summary
+
+
+def read_eval_log(out: Path, steps_done: list[int] | None, last_step: int) -> list[dict]:
+    """A resumed run's evaluation records (eval.jsonl as its checkpoint had it), with each phase
+    named for this run's last step: a run extended to more problems turns its old `after` into step-N."""
+    path = out / "eval.jsonl"
+    if not steps_done or not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [dict(r, phase=eval_phase(r["step"], last_step)) for r in records if r["step"] in steps_done]
+
+
+def eval_steps_done(records: list[dict], cfg: Config) -> list[int] | None:
+    """What a checkpoint records of the evaluations: the steps whose weights were evaluated (None
+    when evaluation is off, so its state.json stays as before)."""
+    return sorted({r["step"] for r in records}) if cfg.eval_problems else None
+
+
+def evaluate_if_due(step: int, last_step: int, log: list[dict], problems: list[dict], cfg: Config, out: Path,
+                    model, tokenizer, eos_id: int, scorer, amp) -> str | None:
+    """Evaluate the weights after `step` if the settings ask for it there and `log` does not hold it
+    yet; the records join `log` and the eval files are rewritten. Returns why the run must stop
+    (a signal, or CUDA out of memory, during the evaluation), or None."""
+    if not problems or not evaluation_due(cfg, step, last_step) or any(r["step"] == step for r in log):
+        return None
+    phase = eval_phase(step, last_step)
+    t0 = time.perf_counter()
+    try:
+        records = evaluate(model, tokenizer, problems, cfg, eos_id, scorer, amp, phase, step)
+    except Interrupted:
+        return f"stopped by {signal.Signals(STOP['signal']).name} during the {phase} evaluation"
+    except torch.OutOfMemoryError:
+        return eval_out_of_memory(cfg, phase)
+    log.extend(records)
+    write_eval_files(out, log, cfg)
+    progress(eval_line(phase, records, cfg.eval_samples, time.perf_counter() - t0))
+    return None
+
+
+def eval_out_of_memory(cfg: Config, phase: str) -> str:
+    return (f"CUDA out of memory in the {phase} evaluation ({cfg.eval_batch_size} problems x {cfg.eval_samples} "
+            f"responses of up to {cfg.eval_max_new_tokens} tokens); lower eval_batch_size or eval_max_new_tokens")
+
+
+# What the user reads
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _interval(lo_hi) -> str:
+    return f"[{100 * lo_hi[0]:.1f}, {100 * lo_hi[1]:.1f}]"
+
+
+def _points(x: float) -> str:
+    s = f"{x:+.1f}"
+    return "+0.0" if float(s) == 0 else s
+
+
+def format_p(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def _columns(rows: list[list[str]], left: int = 1) -> list[str]:
+    """Rows of cells as aligned text: the first `left` columns left-aligned, the rest right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+def format_eval_table(summary: dict) -> str:
+    """The evaluation table for stdout: one row per group (overall, each level, each subject); per
+    phase the accuracy (greedy: correct/n and %; sampled: mean pass@1 and pass@k), each with its
+    95 % Wilson interval; the change in percentage points; the paired line; the format lines."""
+    s, phases = summary["settings"], summary["phases"]
+    names = [n for n in ("before", "after") if n in phases] or [n for n in phases if n == "model"] or list(phases)[-1:]
+    k = phases[names[0]]["samples"]
+    how = "greedy" if k == 1 else f"{k} samples per problem at temperature {s['eval_temperature']}, top-p {s['eval_top_p']}"
+    lines = [f"evaluation: {phases[names[0]]['problems']} problems of {s['eval_dataset']}"
+             f"{' (' + s['eval_split'] + ')' if not Path(s['eval_dataset']).suffix else ''}, {how}, "
+             f"up to {s['eval_max_new_tokens']} new tokens; intervals: 95 % Wilson"]
+    comparing = len(names) == 2
+    header = ["group", "n"]
+    for name in names:
+        header += [name, "", "95% CI"] if k == 1 else [f"{name} pass@1", "95% CI", f"pass@{k}", "95% CI"]
+    if comparing:
+        header += ["change"] if k == 1 else ["change pass@1", f"pass@{k}"]
+    table = [header]
+    groups = {name: {g["group"]: g for g in phases[name]["groups"]} for name in names}
+    for g in phases[names[0]]["groups"]:
+        row = [g["group"], str(g["n"])]
+        for name in names:
+            h = groups[name].get(g["group"])
+            if h is None:
+                row += ["-"] * (3 if k == 1 else 4)
+            elif k == 1:
+                row += [f"{h['correct']}/{h['n']}", _percent(h["accuracy"]), _interval(h["wilson95"])]
+            else:
+                row += [_percent(h["accuracy"]), _interval(h["wilson95"]), _percent(h["pass_at_k"][str(k)]),
+                        _interval(h["pass_at_k_wilson95"])]
+        if comparing:
+            change = summary["comparison"]["change_points"].get(g["group"])
+            row += (["-"] if k == 1 else ["-", "-"]) if change is None else (
+                [_points(change["accuracy"])] if k == 1 else
+                [_points(change["accuracy"]), _points(change[f"pass_at_{k}"])])
+        table.append(row)
+    lines += _columns(table, left=1)
+    if comparing:
+        c = summary["comparison"]["paired"]
+        if k == 1:
+            lines += ["", f"paired, per problem: {c['improved']} improved, {c['regressed']} regressed, "
+                          f"{c['right_both_times']} right both times, {c['wrong_both_times']} wrong both times; "
+                          f"exact McNemar p = {format_p(c['mcnemar_p'])}"]
+        else:
+            lines += ["", f"paired, per problem (correct samples of {k}): {c['improved']} improved, "
+                          f"{c['regressed']} regressed, {c['right_both_times']} right both times, "
+                          f"{c['wrong_both_times']} wrong both times, {c['unchanged_in_between']} unchanged in "
+                          f"between; exact sign (McNemar) test p = {format_p(c['mcnemar_p'])}"]
+    fmt = [["", *names]]
+    fmt.append(["no answer", *[_percent(phases[n]["format"]["no_answer_rate"]) for n in names]])
+    fmt.append(["cut at limit", *[_percent(phases[n]["format"]["cut_at_limit_rate"]) for n in names]])
+    fmt.append(["mean response tokens", *[f"{phases[n]['format']['mean_response_tokens']:.1f}" for n in names]])
+    fmt.append(["verifier overruns", *[str(phases[n]["format"]["verifier_overruns"]) for n in names]])
+    lines += [""] + _columns(fmt, left=1)
+    return "\n".join(lines)
+
+
+def eval_line(phase: str, records: list[dict], samples: int, seconds: float) -> str:
+    """One line on stderr when an evaluation ends (what eval_every prints at step N)."""
+    p = summarize_phase(records, samples)
+    overall, f = p["groups"][0], p["format"]
+    tokens = sum(r["tokens"] for r in records)
+    return (f"[eval {phase}] accuracy {_percent(overall['accuracy'])} ({overall['correct']}/{len(records)} responses "
+            f"correct) on {p['problems']} problems; no answer {_percent(f['no_answer_rate'])}, cut at limit "
+            f"{_percent(f['cut_at_limit_rate'])}, {f['mean_response_tokens']:.1f} tokens per response; "
+            f"{seconds:.1f} s ({p['problems'] / seconds if seconds > 0 else 0.0:.2f} problems/s, "
+            f"{tokens / seconds if seconds > 0 else 0.0:.0f} tokens/s)")
+
+
+# ----------------------------------------------------------------------------------------------
 # Checkpoints
 
 class Interrupted(Exception):
@@ -1043,7 +1549,7 @@ def install_signal_handlers() -> dict:
 
 
 LOG_FILES = ("metrics.jsonl", "rollouts.jsonl")  # a run's logs; every checkpoint holds a copy
-RUN_FILES = (*LOG_FILES, "config.yaml")           # what a run writes at the top of output_dir
+RUN_FILES = (*LOG_FILES, "config.yaml", "eval.jsonl", "eval_summary.json")  # what a run writes at the top
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json", "config.yaml", *LOG_FILES)
 MANIFEST = "manifest.json"                       # size and sha256 of every file beside it, written last
 LOCK_FILE = ".rlvr.lock"
@@ -1133,12 +1639,15 @@ def no_space_message(folder: Path, need: int) -> str:
             "free; free some space (the README lists what a run needs)")
 
 
-def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_record: int | None) -> Path:
+def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_record: int | None,
+                    eval_steps: list[int] | None = None) -> Path:
     """Weights, optimizer state, step counter, config and the logs up to this step, with a manifest
     (size and sha256 of each file), written to a temporary folder, fsynced, then renamed into
     place: a crash mid-write leaves the previous checkpoints intact. Keeps the last keep_last.
     No RNG state: every rollout's stream is derived from (seed, step, rollout), see rollout_streams.
-    A full disk raises StopRun with the space needed, after removing the partial folder."""
+    With evaluation on, also eval.jsonl and the steps whose weights were evaluated (eval_steps), so
+    a resumed run does not redo them. A full disk raises StopRun with the space needed, after
+    removing the partial folder."""
     import errno
 
     from safetensors.torch import save_model
@@ -1155,11 +1664,15 @@ def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_re
         tmp.mkdir()
         save_model(model, str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        for name in LOG_FILES:
-            shutil.copyfile(out / name, tmp / name)
+        for name in (*LOG_FILES, "eval.jsonl"):
+            if name in LOG_FILES or (out / name).exists():
+                shutil.copyfile(out / name, tmp / name)
         (tmp / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
         # data position: the dataset record of the next step (None after the last)
-        (tmp / "state.json").write_text(json.dumps({"step": step, "next_record": next_record}))
+        state = {"step": step, "next_record": next_record}
+        if eval_steps is not None:
+            state["eval_steps_done"] = eval_steps
+        (tmp / "state.json").write_text(json.dumps(state))
         write_manifest(tmp, step)
         for f in tmp.iterdir():
             _fsync(f)
@@ -1229,6 +1742,11 @@ def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[
     return [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
 
 
+def eval_steps_in(ckpt: Path | None) -> list[int] | None:
+    """The steps whose weights a checkpoint's run had evaluated (None: evaluation was off)."""
+    return None if ckpt is None else json.loads((ckpt / "state.json").read_text()).get("eval_steps_done")
+
+
 def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | None:
     """The checkpoint to resume: resume=auto takes the newest intact one in output_dir and names
     the damaged ones it skips; an explicit PATH must be intact, and may lie outside output_dir only
@@ -1280,7 +1798,7 @@ def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | N
 def held_run(out: Path) -> list[str]:
     """What in output_dir a new run would replace: logs with a step in them, checkpoints, final/
     (whoever wrote them). Empty logs of a start that failed before its first step do not count."""
-    found = [name for name in LOG_FILES if (out / name).is_file() and (out / name).stat().st_size > 0]
+    found = [name for name in (*LOG_FILES, "eval.jsonl") if (out / name).is_file() and (out / name).stat().st_size > 0]
     for folder in ("checkpoints", "final"):
         if (out / folder).is_dir() and any((out / folder).iterdir()):
             found.append(f"{folder}/")
@@ -1351,7 +1869,13 @@ def prepare_output_dir(cfg: Config) -> OutputDir:
     try:
         recover_checkpoint_rewrite(out / "checkpoints")  # restores our own folder; deletes nothing
         holds = held_run(out)
-        ckpt = find_resume_checkpoint(cfg, out, holds)
+        if cfg.num_problems == 0 and set(holds) - {"eval.jsonl"}:
+            raise UserError(f"output_dir {out} holds a training run; evaluation only (num_problems=0) writes to a "
+                            "folder of its own: pass another output_dir, e.g. output_dir=runs/eval")
+        ckpt = find_resume_checkpoint(cfg, out, holds) if cfg.num_problems else None
+        if cfg.num_problems == 0 and holds and not cfg.overwrite:
+            raise UserError(f"output_dir {out} already holds an evaluation; choose another output_dir or pass "
+                            "overwrite=true")
         if ckpt is None and holds and not (cfg.overwrite or cfg.resume == "auto"):
             raise UserError(f"output_dir {out} already holds a run ({', '.join(holds)}); resume it with "
                             "resume=auto, choose another output_dir, or pass overwrite=true")
@@ -1379,11 +1903,19 @@ def begin_output(od: OutputDir, cfg: Config) -> None:
         for folder in [*list_checkpoints(out), out / "final"]:
             if folder.is_dir() and read_manifest(folder) is not None:
                 remove_own_files(folder)
-    for name in LOG_FILES:
-        if od.resume_from is None:
+    if cfg.num_problems == 0:  # evaluation only: no training outputs
+        pass
+    elif od.resume_from is None:
+        for name in LOG_FILES:
             (out / name).write_text("")
-        else:  # drops any step logged after this checkpoint
-            shutil.copyfile(od.resume_from / name, out / name)
+        for name in EVAL_FILES:
+            (out / name).unlink(missing_ok=True)
+    else:  # the logs as the checkpoint has them: drops any step or evaluation logged after it
+        for name in (*LOG_FILES, "eval.jsonl"):
+            if (od.resume_from / name).exists():
+                shutil.copyfile(od.resume_from / name, out / name)
+            else:
+                (out / name).unlink(missing_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
 
 
@@ -1564,8 +2096,11 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(cfg)
         precision = resolve_precision(cfg, device)
         od = prepare_output_dir(cfg)
+        eval_set = load_eval_problems(cfg)  # before the model loads: a missing field costs nothing
+        if cfg.num_problems == 0:
+            return evaluate_only(cfg, device, precision, od, eval_set)
         problems = load_problems(cfg)
-        return run(cfg, device, precision, od, problems, argv)
+        return run(cfg, device, precision, od, problems, argv, eval_set)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -1577,24 +2112,28 @@ def main(argv: list[str] | None = None) -> int:
             release_output_dir(od)
 
 
-def write_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, problems: list[dict]) -> str | None:
+def write_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, problems: list[dict],
+                     eval_log: list[dict]) -> str | None:
     """save_checkpoint, or why it could not be written (a full disk: the previous ones are intact)."""
     progress(f"[step {step}] writing checkpoint")
     try:
-        save_checkpoint(out, step, model, optimizer, cfg, next_record(problems, step))
+        save_checkpoint(out, step, model, optimizer, cfg, next_record(problems, step), eval_steps_done(eval_log, cfg))
         return None
     except StopRun as e:
         return str(e)
 
 
 def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
-        argv: list[str]) -> int:
+        argv: list[str], eval_set: list[dict] = ()) -> int:
     random.seed(cfg.seed)  # nothing here draws from these; seeded so that nothing a model does can vary
     torch.manual_seed(cfg.seed)
     out = od.path
     progress(f"loading {cfg.model} on {device} ({precision})")
     model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
     problems = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings)
+    if eval_set:
+        eval_set = check_problems(eval_set, cfg, tokenizer, model.config.max_position_embeddings,
+                                  cfg.eval_max_new_tokens, "eval_dataset")
     check_memory(cfg, model, problems, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
@@ -1608,6 +2147,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
     previous_handlers = install_signal_handlers()
     try:
         begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
+        eval_log = read_eval_log(out, eval_steps_in(od.resume_from), len(problems))  # what the checkpoint holds
         print(format_header(cfg.group_size), flush=True)
         for m in history:  # a resumed run shows the whole table, as an uninterrupted one would
             print(format_row(m), flush=True)
@@ -1615,7 +2155,18 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
         last_saved = len(history) if od.resume_from is not None else 0
         stop_reason, exit_code = None, 0
         with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
+            evaluate_due = functools.partial(evaluate_if_due, last_step=len(problems), log=eval_log, problems=eval_set,
+                                             cfg=cfg, out=out, model=model, tokenizer=tokenizer, eos_id=eos_id,
+                                             scorer=scorer, amp=autocast(device, precision))
+            evaluated = len(eval_log)
+            stop_reason = evaluate_due(len(history))  # the base model before step 1, or what a stopped run left
+            if len(eval_log) > evaluated and history:  # resumed: the checkpoint of this step now records it
+                stop_reason = stop_reason or write_checkpoint(out, len(history), model, optimizer, cfg, problems,
+                                                              eval_log)
+            exit_code = stop_code() if stop_reason else 0
             for step in range(len(history) + 1, len(problems) + 1):
+                if stop_reason:
+                    break
                 try:
                     metrics, rollouts = train_step(step, problems[step - 1], model, tokenizer, params, optimizer,
                                                    scorer, cfg, device, precision, eos_id, weights_before,
@@ -1639,8 +2190,12 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
                     stop_reason = (f"{bad} steps in a row had a non-finite loss, gradient norm or update (the last "
                                    f"at step {step}); lower learning_rate or check the data and the model")
                     break
+                stop_reason = evaluate_due(step)  # after step N (eval_every) or after the last step
+                if stop_reason:
+                    exit_code = stop_code()
+                    break
                 if (cfg.save_every and step % cfg.save_every == 0) or step == len(problems) or STOP["signal"]:
-                    failed = write_checkpoint(out, step, model, optimizer, cfg, problems)
+                    failed = write_checkpoint(out, step, model, optimizer, cfg, problems, eval_log)
                     if failed:
                         exit_code, stop_reason = 1, failed
                         break
@@ -1651,7 +2206,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
                     break
         if stop_reason:
             if len(history) > last_saved and not stop_reason.startswith("no space left"):
-                failed = write_checkpoint(out, len(history), model, optimizer, cfg, problems)
+                failed = write_checkpoint(out, len(history), model, optimizer, cfg, problems, eval_log)
                 stop_reason = f"{stop_reason}; {failed}" if failed else stop_reason
                 last_saved = last_saved if failed else len(history)
             if last_saved == len(history) and history:
@@ -1676,6 +2231,42 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
                  f"complete: free some space, then {resume_command(argv)} writes final/")
         return 1
     print(format_summary(history, time.perf_counter() - start), flush=True)
+    if eval_log:
+        print("\n" + format_eval_table(write_eval_files(out, eval_log, cfg)), flush=True)
+    return 0
+
+
+def stop_code() -> int:
+    """The exit status of a run stopped by a signal (128 + its number) or by anything else (1)."""
+    return 1 if STOP["signal"] is None else 128 + STOP["signal"]
+
+
+def evaluate_only(cfg: Config, device: torch.device, precision: str, od: OutputDir, eval_set: list[dict]) -> int:
+    """num_problems 0: evaluate `model` once, as it is (phase "model"). No optimizer, no training data,
+    no training outputs: output_dir gets config.yaml, eval.jsonl and eval_summary.json."""
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    progress(f"loading {cfg.model} on {device} ({precision}) for evaluation only")
+    model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
+    eval_set = check_problems(eval_set, cfg, tokenizer, model.config.max_position_embeddings,
+                              cfg.eval_max_new_tokens, "eval_dataset")
+    previous_handlers = install_signal_handlers()
+    try:
+        begin_output(od, cfg)  # an earlier evaluation (overwrite=true) goes now, not before the model loaded
+        with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
+            t0 = time.perf_counter()
+            records = evaluate(model, tokenizer, eval_set, cfg, eos_id, scorer, autocast(device, precision), "model", None)
+    except Interrupted:
+        progress(f"stopped by {signal.Signals(STOP['signal']).name} during the evaluation; no result written")
+        return stop_code()
+    except torch.OutOfMemoryError:
+        progress(eval_out_of_memory(cfg, "model") + "; no result written")
+        return 1
+    finally:
+        for sig, h in previous_handlers.items():
+            signal.signal(sig, h)
+    progress(eval_line("model", records, cfg.eval_samples, time.perf_counter() - t0))
+    print(format_eval_table(write_eval_files(out=od.path, records=records, cfg=cfg)), flush=True)
     return 0
 
 
