@@ -27,7 +27,7 @@ import shutil
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +84,9 @@ class Config:
     keep_last: int = 2
     resume: str = ""
     overwrite: bool = False
+    # several processes (torchrun); a plain `python train_rlvr.py` is one process and ignores these
+    sharding: str = "auto"
+    dist_timeout: float = 1800.0
     # before/after evaluation (the Evaluation section); eval_problems 0 leaves it off
     eval_dataset: str = "HuggingFaceH4/MATH-500"
     eval_split: str = "test"
@@ -99,7 +102,7 @@ class Config:
 # Keys that may differ between a checkpoint and the run that resumes it: none of them changes a
 # number of the steps already taken. Every other key does, and a difference is refused.
 RESUME_MAY_DIFFER = {"output_dir", "save_every", "keep_last", "resume", "overwrite", "verifier_timeout",
-                     "num_problems", "max_bad_steps", "eval_batch_size"}
+                     "num_problems", "max_bad_steps", "eval_batch_size", "sharding", "dist_timeout"}
 
 
 class UserError(Exception):
@@ -161,6 +164,8 @@ def validate_config(cfg: Config) -> None:
         # the worker's poll timer takes up to ~24 days (2**31 ms); a day is more than any answer needs
         ("verifier_timeout", 0 < cfg.verifier_timeout <= 86400, "a number of seconds in (0, 86400]"),
         ("bad_records", cfg.bad_records in ("stop", "skip"), "stop or skip"),
+        ("sharding", cfg.sharding in ("auto", "replicate", "fsdp"), "auto, replicate or fsdp"),
+        ("dist_timeout", 0 < cfg.dist_timeout <= 86400, "a number of seconds in (0, 86400]"),
         ("max_bad_steps", cfg.max_bad_steps >= 1, "an integer >= 1"),
         ("save_every", cfg.save_every >= 0, "an integer >= 0 (0: only after the last step)"),
         ("keep_last", cfg.keep_last >= 1, "an integer >= 1"),
@@ -247,6 +252,8 @@ def resolve_device(cfg: Config) -> torch.device:
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("device is 'cuda' but this machine has no CUDA GPU; "
                         "run with device=cpu (python train_rlvr.py device=cpu) or set device: cpu in config.yaml")
+    if cfg.device == "cuda" and launched_world() > 1:  # torchrun: one GPU per process
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device(cfg.device)
 
 
@@ -510,7 +517,10 @@ def draw_uniforms(streams: list[torch.Generator], device) -> torch.Tensor:
 
 
 def compile_decode(cfg: Config, device: torch.device) -> bool:
-    """The `compile` setting: auto (on for CUDA, off elsewhere), true or false."""
+    """The `compile` setting: auto (on for CUDA, off elsewhere), true or false. Never with fsdp
+    sharding: its weights are gathered per generation, which a compiled static graph cannot follow."""
+    if RANKS.sharding == "fsdp":
+        return False
     return cfg.compile == "true" or (cfg.compile == "auto" and device.type == "cuda")
 
 
@@ -815,7 +825,7 @@ def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int,
             raise NonFiniteScores(f"the model's next-token scores are NaN or infinite at new token {t + 1}")
         if t + 1 == max_new_tokens or done:
             break
-        check_stop()  # safe point for SIGINT/SIGTERM
+        check_stop(local=True)  # safe point for SIGINT/SIGTERM
         if live is not None and bool(ended.any()):  # the ended rows leave the batch
             keep = (~ended).nonzero().squeeze(-1)
             live = [live[i] for i in keep.tolist()]
@@ -957,24 +967,30 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
     and no optimizer state: update norm None. So does a step that leaves a weight non-finite (a
     learning rate far too large): its weights and AdamW state are put back as they were before it,
     from `before` and a copy of the state taken just before the step (`state_before`: reused host
-    buffers, like `before`)."""
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    buffers, like `before`).
+
+    With fsdp sharding each rank holds a shard of every tensor (`local`): the norms are combined
+    across ranks, and a non-finite weight on any rank undoes the step on all of them."""
+    total = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    grad_norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # fsdp: a DTensor
     if not (math.isfinite(grad_norm) and math.isfinite(loss)):
         return grad_norm, None
     if before is None:
-        before = [torch.empty_like(p, dtype=torch.float32) for p in params]
+        before = [torch.empty_like(local(p), dtype=torch.float32) for p in params]
     for b, p in zip(before, params):
-        b.copy_(p.detach(), non_blocking=True)  # stream-ordered before the step's in-place updates
+        b.copy_(local(p).detach(), non_blocking=True)  # stream-ordered before the step's in-place updates
     saved = snapshot_optimizer_state(optimizer, {} if state_before is None else state_before)
     optimizer.step()
-    weights = [p.detach() for p in params]
-    if not bool(torch.stack(torch._foreach_norm(weights, math.inf)).isfinite().all()):  # max |w|: no overflow
+    weights = [local(p).detach() for p in params]
+    finite = bool(torch.stack(torch._foreach_norm(weights, math.inf)).isfinite().all())  # max |w|: no overflow
+    if max_over_ranks(not finite):
         with torch.no_grad():
-            for p, b in zip(params, before):
-                p.copy_(b)
+            for w, b in zip(weights, before):
+                w.copy_(b)
         restore_optimizer_state(optimizer, saved)
         return grad_norm, None
-    return grad_norm, update_norm(before, weights)
+    moved = update_norm(before, weights)
+    return grad_norm, math.sqrt(sum_over_ranks(moved * moved)) if RANKS.sharding == "fsdp" else moved
 
 
 def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
@@ -1010,6 +1026,7 @@ def snapshot_optimizer_state(optimizer, buffers: dict) -> dict:
         saved[p] = {}
         for key, value in state.items():
             if torch.is_tensor(value):
+                value = local(value)
                 buf = buffers.get((id(p), key))
                 if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
                     buf = buffers[(id(p), key)] = torch.empty(value.shape, dtype=value.dtype, device="cpu",
@@ -1027,7 +1044,7 @@ def restore_optimizer_state(optimizer, saved: dict) -> None:
             continue
         for key, value in saved[p].items():
             if torch.is_tensor(value):
-                optimizer.state[p][key].copy_(value)
+                local(optimizer.state[p][key]).copy_(value)
             else:
                 optimizer.state[p][key] = value
 
@@ -1035,7 +1052,7 @@ def restore_optimizer_state(optimizer, saved: dict) -> None:
 def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
     """float32 buffers for the weights before each optimizer step, allocated once per run: on the
     host, pinned on CUDA so the copies can run asynchronously."""
-    buffers = [torch.empty_like(p, dtype=torch.float32, device="cpu") for p in params]
+    buffers = [torch.empty_like(local(p), dtype=torch.float32, device="cpu") for p in params]
     return [b.pin_memory() for b in buffers] if device.type == "cuda" else buffers
 
 
@@ -1109,8 +1126,15 @@ def format_summary(metrics: list[dict], total_seconds: float) -> str:
 
 
 def progress(msg: str) -> None:
-    # Progress goes to stderr so that stdout holds only the table and the summary.
-    print(msg, file=sys.stderr, flush=True)
+    # Progress goes to stderr so that stdout holds only the table and the summary. One voice: rank 0's.
+    if process_rank() == 0:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def say(text: str) -> None:
+    """A table line on stdout (rank 0 alone prints in a multi-process run)."""
+    if process_rank() == 0:
+        print(text, flush=True)
 
 
 def _json_safe(x):
@@ -1122,6 +1146,8 @@ def _json_safe(x):
 
 
 def append_jsonl(path: Path, records: list[dict]) -> None:
+    if process_rank() != 0:  # rank 0 writes the logs
+        return
     with path.open("a") as f:
         for r in records:
             f.write(json.dumps(_json_safe(r)) + "\n")
@@ -1182,7 +1208,10 @@ def score_responses(scorer: verifier.TimedVerifier, texts: list[str], golds: lis
 
 
 def eval_progress(phase: str, done: int, total: int, seconds: float, tokens: int) -> None:
-    """A progress bar over problems on stderr: redrawn in place on a terminal, a line per batch elsewhere."""
+    """A progress bar over problems on stderr: redrawn in place on a terminal, a line per batch elsewhere.
+    Several processes: rank 0's share of the problems."""
+    if process_rank() != 0:
+        return
     width = 30
     bar = "#" * (width * done // total) + "." * (width - width * done // total)
     msg = (f"[eval {phase}] |{bar}| {done}/{total} problems  {seconds:.1f} s  "
@@ -1206,34 +1235,47 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, s
     token, up to float rounding of the padded batch (it could only flip an exact near-tie)."""
     k, device = cfg.eval_samples, next(model.parameters()).device
     order = sorted(range(len(problems)), key=lambda i: (len(problems[i]["prompt_ids"]), i))
+    order = order[RANKS.rank::RANKS.world]  # several processes: each its share (every problem alone: all)
     records: list[dict | None] = [None] * (len(problems) * k)
-    t0, tokens = time.perf_counter(), 0
-    with weight_cast_cache(amp, device.type):
-        for start in range(0, len(order), cfg.eval_batch_size):
-            check_stop()  # safe point for SIGINT/SIGTERM
-            batch = order[start:start + cfg.eval_batch_size]
-            rows = [(i, s) for i in batch for s in range(k)]
-            prompt = {i: torch.tensor(problems[i]["prompt_ids"], device=device) for i in batch}
-            if k == 1:
-                pick = greedy_pick
-            else:
-                streams = [torch.Generator(device=device).manual_seed(
-                    stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
-                pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
-            responses, cut = decode(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens, eos_id, pick,
-                                    amp, compiled=False, drop_finished=True)
-            texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
-            scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
-            for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):
-                p = problems[i]
-                records[i * k + s] = {
-                    "phase": phase, "step": step, "problem_index": p["index"], "unique_id": p.get("unique_id"),
-                    "level": p.get("level", "unknown"), "subject": p.get("subject", "unknown"), "sample": s,
-                    "response": text, "answer": answer, "reference": p["answer"], "status": status,
-                    "reward": reward, "tokens": len(response), "cut_at_limit": was_cut,
-                }
-            tokens += sum(len(r) for r in responses)
-            eval_progress(phase, start + len(batch), len(order), time.perf_counter() - t0, tokens)
+    t0, tokens, failure = time.perf_counter(), 0, None
+    try:
+        with weight_cast_cache(amp, device.type), full_weights(model):
+            for start in range(0, len(order), cfg.eval_batch_size):
+                check_stop(local=True)  # safe point for SIGINT/SIGTERM (ranks run different numbers of batches)
+                batch = order[start:start + cfg.eval_batch_size]
+                rows = [(i, s) for i in batch for s in range(k)]
+                prompt = {i: torch.tensor(problems[i]["prompt_ids"], device=device) for i in batch}
+                if k == 1:
+                    pick = greedy_pick
+                else:
+                    streams = [torch.Generator(device=device).manual_seed(
+                        stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
+                    pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
+                responses, cut = decode(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens, eos_id, pick,
+                                        amp, compiled=False, drop_finished=True)
+                texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
+                scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
+                for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):
+                    p = problems[i]
+                    records[i * k + s] = {
+                        "phase": phase, "step": step, "problem_index": p["index"], "unique_id": p.get("unique_id"),
+                        "level": p.get("level", "unknown"), "subject": p.get("subject", "unknown"), "sample": s,
+                        "response": text, "answer": answer, "reference": p["answer"], "status": status,
+                        "reward": reward, "tokens": len(response), "cut_at_limit": was_cut,
+                    }
+                tokens += sum(len(r) for r in responses)
+                eval_progress(phase, start + len(batch), len(order), time.perf_counter() - t0, tokens)
+    except Interrupted:  # several processes: this share is abandoned, the check below stops every rank
+        if RANKS.world == 1:
+            raise
+    except torch.OutOfMemoryError:
+        if RANKS.world == 1:
+            raise
+        failure = eval_out_of_memory(cfg, phase)
+    check_stop(failure=failure)  # several processes: an interrupt or a failure in any share stops them all
+    shares = gather_objects([(n, r) for n, r in enumerate(records) if r is not None])
+    for n, r in (x for share in shares for x in share):
+        records[n] = r
     return records
 
 
@@ -1371,6 +1413,8 @@ def write_eval_files(out: Path, records: list[dict], cfg: Config) -> dict:
     """eval.jsonl (every record so far, rewritten whole) and eval_summary.json, each written to a
     temporary file and renamed into place. Returns the summary."""
     summary = eval_summary(records, cfg)
+    if process_rank() != 0:  # rank 0 writes
+        return summary
     for name, text in (("eval.jsonl", "".join(json.dumps(_json_safe(r)) + "\n" for r in records)),
                        ("eval_summary.json", json.dumps(_json_safe(summary), indent=1) + "\n")):
         tmp = out / f".{name}.tmp"
@@ -1410,6 +1454,9 @@ def evaluate_if_due(step: int, last_step: int, log: list[dict], problems: list[d
         return f"stopped by {signal.Signals(STOP['signal']).name} during the {phase} evaluation"
     except torch.OutOfMemoryError:
         return eval_out_of_memory(cfg, phase)
+    except StopRun as e:  # several processes: one rank's share ran out of memory
+        return str(e)
+    note(f"after the {phase} evaluation")
     log.extend(records)
     write_eval_files(out, log, cfg)
     progress(eval_line(phase, records, cfg.eval_samples, time.perf_counter() - t0))
@@ -1530,20 +1577,62 @@ class StopRun(Exception):
 STOP = {"signal": None}  # set by the signal handler, read at safe points
 
 
-def check_stop() -> None:
-    """A safe point: nothing of the current step has touched the weights or the optimizer yet."""
-    if STOP["signal"] is not None:
+def check_stop(local: bool = False, failure: str | None = None) -> None:
+    """A safe point: nothing of the current step has touched the weights or the optimizer yet.
+    Raises Interrupted after SIGINT/SIGTERM, StopRun(failure) if this step failed (out of memory,
+    unusable scores).
+
+    Several processes stop together or not at all: at these points every rank says whether a
+    signal reached it or its share failed (a collective), and all of them stop if one did. Points
+    that ranks reach a different number of times (decode steps, evaluation batches) check this
+    rank alone (local); an interrupt there waits for the next agreed point (see interruptible)."""
+    signum = STOP["signal"] or 0
+    if local or RANKS.world == 1:
+        if failure:
+            raise StopRun(failure)
+        if signum:
+            raise Interrupted()
+        return
+    code = int(max_over_ranks(signum + (1000 if failure else 0)))
+    if code >= 1000:
+        failed = [(r, m) for r, m in enumerate(gather_objects(failure)) if m]
+        raise StopRun(f"rank {failed[0][0]}: {failed[0][1]}")
+    if code:
+        STOP["signal"] = code  # also on a rank the signal did not reach: every rank exits alike
         raise Interrupted()
+
+
+def agreed_signal() -> int:
+    """The signal that stops the run now, if any: this process's, or (several processes) any rank's."""
+    signum = STOP["signal"] or 0
+    signum = signum if RANKS.world == 1 else int(max_over_ranks(signum))
+    if signum:
+        STOP["signal"] = signum
+    return signum
+
+
+def interruptible(fn, *args):
+    """fn(*args), whose local safe points may raise Interrupted: in one process that stops the run;
+    with several, this rank's share is abandoned and the next check_stop stops every rank."""
+    try:
+        return fn(*args)
+    except Interrupted:
+        if RANKS.world == 1:
+            raise
+        return None
 
 
 def install_signal_handlers() -> dict:
     def handler(signum, frame):
         if STOP["signal"] is not None:
+            if RANKS.world > 1:  # torchrun passes the terminal's Ctrl-C on again: the ranks stop together
+                return
             os._exit(128 + signum)  # second signal: at once; checkpoints are renamed into place whole
         STOP["signal"] = signum
         # os.write, not print: a handler may run in the middle of another write to stderr
-        os.write(2, f"\n{signal.Signals(signum).name}: stopping at the next safe point "
-                    "(send it again to exit at once)\n".encode())
+        again = "" if RANKS.world > 1 else " (send it again to exit at once)"
+        if process_rank() == 0:
+            os.write(2, f"\n{signal.Signals(signum).name}: stopping at the next safe point{again}\n".encode())
     STOP["signal"] = None
     return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -1650,11 +1739,12 @@ def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_re
     removing the partial folder."""
     import errno
 
-    from safetensors.torch import save_model
-
+    model_state, optimizer_state = full_states(model, optimizer)  # every rank takes part (fsdp gathers)
     root = out / "checkpoints"
-    root.mkdir(exist_ok=True)
     final = root / f"step-{step:06d}"
+    if RANKS.rank != 0:  # rank 0 writes
+        return final
+    root.mkdir(exist_ok=True)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     need = checkpoint_bytes(model, optimizer, out)
     if shutil.disk_usage(root).free < need:
@@ -1662,8 +1752,8 @@ def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_re
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
-        save_model(model, str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        write_model_file(model, model_state, tmp / "model.safetensors")
+        torch.save(optimizer_state, tmp / "optimizer.pt")
         for name in (*LOG_FILES, "eval.jsonl"):
             if name in LOG_FILES or (out / name).exists():
                 shutil.copyfile(out / name, tmp / name)
@@ -1721,25 +1811,77 @@ def next_record(problems: list[dict], steps_done: int) -> int | None:
     return problems[steps_done]["index"] if steps_done < len(problems) else None
 
 
-def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[dict]:
-    """Restore the weights and the optimizer state of a verified checkpoint; return the metrics of
-    the steps it has done (its step counter, checked against its logs by verify_checkpoint)."""
-    from safetensors.torch import load_model
-
+def checkpoint_history(ckpt: Path, problems: list[dict]) -> list[dict]:
+    """The metrics of the steps a verified checkpoint has done (its step counter, checked against
+    its logs by verify_checkpoint), once its data position is checked against the data."""
     state = json.loads((ckpt / "state.json").read_text())
     here = next_record(problems, state["step"])
     if state.get("next_record") is not None and here != state["next_record"]:
         raise UserError(f"cannot resume {ckpt}: its next problem is dataset record {state['next_record']}, "
                         f"but the data now give record {here}; the data set changed since the checkpoint")
+    return [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+
+
+def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[dict]:
+    """Restore the weights and the optimizer state of a verified checkpoint; return the metrics of
+    the steps it has done. Several processes: rank 0 reads it and sends each rank its part."""
+    from safetensors.torch import load_model
+
+    history = on_rank0(checkpoint_history, ckpt, problems)
+    if RANKS.world > 1:
+        try:
+            load_shared_checkpoint(ckpt, model, optimizer)
+        except Exception as e:
+            raise UserError(f"cannot resume {ckpt}: it does not fit this model and optimizer "
+                            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+        return history
     for name, load in (
             ("model.safetensors", lambda f: load_model(model, str(f), device=str(next(model.parameters()).device))),
-            ("optimizer.pt", lambda f: optimizer.load_state_dict(torch.load(f, map_location="cpu", weights_only=True)))):
+            ("optimizer.pt", lambda f: optimizer.load_state_dict(
+                indexed_optimizer_state(model, torch.load(f, map_location="cpu", weights_only=True))))):
         try:
             load(ckpt / name)
         except Exception as e:  # intact file of another model or optimizer: name it, not torch's advice
             raise UserError(f"cannot resume {ckpt}: {name} does not fit this model and optimizer "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
-    return [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    return history
+
+
+def named_optimizer_state(model, state: dict) -> dict:
+    """optimizer.state_dict() keyed by parameter name instead of position: the layout FSDP's full
+    state dict has too, so one optimizer.pt serves 1 process, N replicas or N shards alike."""
+    names = [n for n, _ in model.named_parameters()]
+    return {"state": {names[i]: v for i, v in state["state"].items()},
+            "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]]}
+
+
+def indexed_optimizer_state(model, state: dict) -> dict:
+    index = {n: i for i, (n, _) in enumerate(model.named_parameters())}
+    return {"state": {index[n]: v for n, v in state["state"].items()},
+            "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in state["param_groups"]]}
+
+
+def write_model_file(model, state: dict | None, path: Path) -> None:
+    """model.safetensors: from the model itself (one process, or a replica), or from the full
+    state FSDP gathered, without the tied copies (Qwen3's LM head is its input embedding), as
+    safetensors' save_model writes it."""
+    from safetensors.torch import save_file, save_model
+
+    if state is None:
+        save_model(model, str(path))
+    else:
+        save_file({k: v.contiguous() for k, v in untied(model, state).items()}, str(path), metadata={"format": "pt"})
+
+
+def tied_names(model) -> set[str]:
+    """The state-dict names that are copies of another weight (Qwen3-0.6B: lm_head.weight)."""
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return set()
+    return set(getattr(model, "_tied_weights_keys", None) or ())
+
+
+def untied(model, state: dict) -> dict:
+    return {k: v for k, v in state.items() if k not in tied_names(model)}
 
 
 def eval_steps_in(ckpt: Path | None) -> list[int] | None:
@@ -1893,7 +2035,10 @@ def prepare_output_dir(cfg: Config) -> OutputDir:
 
 def begin_output(od: OutputDir, cfg: Config) -> None:
     """Everything has loaded: now replace the previous run's own files (overwrite=true), recover or
-    remove the leftovers of an interrupted checkpoint write, and start (or restore) the logs."""
+    remove the leftovers of an interrupted checkpoint write, and start (or restore) the logs.
+    Rank 0's folder: other ranks write nothing."""
+    if process_rank() != 0:
+        return
     out, root = od.path, od.path / "checkpoints"
     for stale in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:  # interrupted writes (ours by name)
         shutil.rmtree(stale, ignore_errors=True)
@@ -1921,6 +2066,8 @@ def begin_output(od: OutputDir, cfg: Config) -> None:
 
 def release_output_dir(od: OutputDir) -> None:
     """Unlock; a folder this process made and left empty (the start failed) is removed again."""
+    if od.lock_fd < 0:  # another rank's copy: rank 0 holds the folder
+        return
     os.close(od.lock_fd)
     if od.created and [p.name for p in od.path.iterdir()] == [LOCK_FILE]:
         (od.path / LOCK_FILE).unlink()
@@ -1928,14 +2075,350 @@ def release_output_dir(od: OutputDir) -> None:
 
 
 def save_final(model, tokenizer, out: Path) -> None:
-    model.save_pretrained(out / "final", safe_serialization=True)
+    model_state, _ = full_states(model, None)  # every rank takes part (fsdp gathers); rank 0 writes
+    if RANKS.rank != 0:
+        return
+    model.save_pretrained(out / "final", safe_serialization=True,
+                          **({} if model_state is None else {"state_dict": untied(model, model_state)}))
     tokenizer.save_pretrained(out / "final")
     write_manifest(out / "final", None)  # marks every file as rlvr's own (overwrite removes exactly these)
 
 
 def resume_command(argv: list[str]) -> str:
     kept = [a for a in argv if not a.startswith(("resume=", "overwrite="))]
-    return " ".join(["python train_rlvr.py", *map(shlex.quote, kept), "resume=auto"])
+    launcher = ["python"]
+    if RANKS.world > 1:  # any number of processes may resume it; the same launch is the obvious one
+        launcher = ["torchrun", f"--nproc_per_node {os.environ.get('LOCAL_WORLD_SIZE', RANKS.world)}"]
+    return " ".join([*launcher, "train_rlvr.py", *map(shlex.quote, kept), "resume=auto"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Several processes (torchrun)
+#
+# `torchrun --nproc_per_node N train_rlvr.py` starts N copies of this script (one per GPU, or CPU
+# processes with device=cpu), joined by torch.distributed: NCCL on CUDA, gloo on the CPU. The step
+# stays the spec's: rank r samples, scores and backpropagates rollouts r*G/N .. (r+1)*G/N - 1 of the
+# group (each from its own random stream, so the tokens do not depend on N); the rewards are
+# exchanged so every rank standardizes the whole group; each response's term keeps the -1/G
+# factor, and the gradients are summed across ranks (replicate: an all-reduce; fsdp: FSDP2's
+# reduce-scatter, set to sum), so the step is the one-process step up to float summation order.
+# Every rank clips and steps alike. Rank 0 alone prints and writes. `python train_rlvr.py` is one
+# process: RANKS keeps its defaults and none of the collectives below runs.
+
+@dataclass
+class Ranks:
+    rank: int = 0
+    world: int = 1
+    sharding: str = "none"  # none (one process), replicate or fsdp
+    device: str = "cpu"     # where collectives' tensors live (NCCL: the GPU)
+
+
+RANKS = Ranks()              # this process's place, set once by init_processes
+STOP_HINT = {"text": ""}     # what a rank that loses contact with the others says about resuming
+
+
+def launched_world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def process_rank() -> int:
+    """This process's rank, also before the process group exists (torchrun sets RANK)."""
+    return RANKS.rank if RANKS.world > 1 else int(os.environ.get("RANK", "0"))
+
+
+def check_world(cfg: Config) -> None:
+    world = launched_world()
+    if cfg.group_size % world:
+        raise UserError(f"group_size {cfg.group_size} does not split over {world} processes; choose a group_size "
+                        "divisible by the number of processes (nproc_per_node x nnodes)")
+    if world > 1 and cfg.device not in ("cuda", "cpu"):
+        raise UserError(f"device {cfg.device!r}: under torchrun each process takes cuda:LOCAL_RANK; set device=cuda "
+                        "or device=cpu")
+
+
+def init_processes(cfg: Config, device: torch.device) -> None:
+    """Join the other processes torchrun started (env://), if there are any."""
+    if launched_world() == 1:
+        if cfg.sharding == "fsdp":
+            progress("sharding=fsdp shards across the processes of torchrun; one process holds the whole model")
+        return
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None,
+                            timeout=datetime.timedelta(seconds=cfg.dist_timeout))
+    RANKS.rank, RANKS.world, RANKS.device = dist.get_rank(), dist.get_world_size(), str(device)
+    RANKS.sharding = "fsdp" if cfg.sharding == "fsdp" else "replicate"
+    start_watchdog(min(cfg.dist_timeout, 30.0))
+
+
+def end_processes(cleanly: bool) -> None:
+    if RANKS.world > 1 and cleanly:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def rank_share(group_size: int) -> range:
+    """This rank's rollouts of the group: a contiguous block, so rank order is rollout order."""
+    k = group_size // RANKS.world
+    return range(RANKS.rank * k, (RANKS.rank + 1) * k)
+
+
+def gather_objects(obj) -> list:
+    """obj from every rank, in rank order (one process: [obj])."""
+    if RANKS.world == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * RANKS.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def from_rank0(obj):
+    """Rank 0's obj on every rank (one process: obj)."""
+    if RANKS.world == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def max_over_ranks(x: float) -> float:
+    if RANKS.world == 1:
+        return x
+    import torch.distributed as dist
+
+    t = torch.tensor([float(x)], dtype=torch.float64, device=RANKS.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def sum_over_ranks(x: float) -> float:
+    if RANKS.world == 1:
+        return x
+    import torch.distributed as dist
+
+    t = torch.tensor([x], dtype=torch.float64, device=RANKS.device)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+class SharedError(UserError):
+    """A UserError rank 0 found and every rank raises: reported once, by rank 0."""
+
+
+def on_rank0(fn, *args):
+    """fn(*args) on rank 0 alone (the output folder is rank 0's); its result, or its UserError,
+    on every rank."""
+    result, error = None, None
+    if process_rank() == 0:
+        try:
+            result = fn(*args)
+        except UserError as e:
+            error = str(e)
+    result, error = from_rank0((result, error))
+    if error is not None:
+        raise SharedError(error)
+    return result
+
+
+def sum_gradients(params) -> None:
+    """replicate: every rank backpropagated its own responses; sum the gradients (fsdp's
+    reduce-scatter already summed them into each rank's shard)."""
+    if RANKS.sharding == "replicate":
+        import torch.distributed as dist
+
+        for p in params:
+            dist.all_reduce(p.grad)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: the shard of an FSDP parameter (a DTensor), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def shard_model(model, device: torch.device):
+    """fsdp: FSDP2 fully_shard per decoder layer and at the root (weights, gradients and AdamW state
+    sharded; the reduce-scatter sums, not averages). Otherwise the whole model on the device."""
+    if RANKS.sharding != "fsdp":
+        return model.to(device)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (RANKS.world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in fsdp_modules(model):
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+    return model
+
+
+def fsdp_modules(model) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def full_weights(model):
+    """fsdp: every layer's full weights gathered for a generation (one all-gather per layer, not
+    one per layer per token) and sharded again right after. Otherwise nothing to do."""
+    modules = fsdp_modules(model) if RANKS.sharding == "fsdp" else []
+    for m in modules:
+        m.unshard()
+        m.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.set_reshard_after_forward(True)
+            m.reshard()
+
+
+def full_states(model, optimizer) -> tuple[dict | None, dict | None]:
+    """(model state or None, optimizer state by parameter name) to write, on rank 0: fsdp gathers
+    both from the shards (a collective: every rank calls it), onto the host; one process and
+    replicas have them whole (None: write the model itself)."""
+    if RANKS.sharding != "fsdp":
+        return None, (None if optimizer is None else named_optimizer_state(model, optimizer.state_dict()))
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
+    optimizer_state = None if optimizer is None else get_optimizer_state_dict(model, optimizer, options=options)
+    return model_state, optimizer_state
+
+
+def load_shared_checkpoint(ckpt: Path | None, model, optimizer) -> None:
+    """Several processes: rank 0 reads the checkpoint's files and every rank receives its part
+    (replica or shard), so the other machines need no copy of output_dir."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    model_state, optimizer_state = {}, {}
+    if RANKS.rank == 0:
+        model_state = load_file(ckpt / "model.safetensors")
+        optimizer_state = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)  # tied: loaded once
+    set_model_state_dict(model, model_state, options=options)
+    params = [p for p in model.parameters() if p.requires_grad]
+    materialize_optimizer_state(optimizer, params)  # the broadcast fills state tensors that exist
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+
+
+def materialize_optimizer_state(optimizer, params) -> None:
+    """AdamW's state tensors, created by a step that changes nothing: zero gradients at lr 0 and no
+    weight decay (every weight stays bit for bit; the state is overwritten right after)."""
+    saved = [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        g["lr"], g["weight_decay"] = 0.0, 0.0
+    zero_gradients(params)
+    optimizer.step()
+    for g, (lr, wd) in zip(optimizer.param_groups, saved):
+        g["lr"], g["weight_decay"] = lr, wd
+
+
+def fingerprint(params) -> list[int]:
+    """A cheap exact fingerprint of the weights: per tensor, the wrapping int64 sums of its float
+    bit patterns and of their squares. Replicas that drifted apart by one bit differ here."""
+    out = []
+    for p in params:
+        bits = local(p).detach().contiguous().view(-1).view(torch.int32).to(torch.int64)
+        out += [int(bits.sum()), int((bits * bits).sum())]
+    return out
+
+
+def check_replicas(params) -> None:
+    """replicate: every rank must hold the same weights (checked at each checkpoint)."""
+    if RANKS.sharding == "replicate":
+        prints = gather_objects(fingerprint(params))
+        differ = [r for r, f in enumerate(prints) if f != prints[0]]
+        if differ:
+            raise StopRun(f"the weights of rank {differ[0]} differ from rank 0's (a replica drifted; the ranks must "
+                          "run the same code on the same hardware type); nothing was written")
+
+
+def _store():
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()
+
+
+def note(where: str) -> None:
+    """What this rank is doing now, kept in the process group's store: a rank that waits for it in
+    vain names it in its message."""
+    if RANKS.world > 1:
+        _store().set(f"rlvr/at/{RANKS.rank}", where)
+
+
+def whereabouts() -> str:
+    """Which ranks are gone (no heartbeat over 3 s) and where each rank last was."""
+    store = _store()
+
+    def beats():
+        return [store.get(f"rlvr/beat/{r}") if store.check([f"rlvr/beat/{r}"]) else None for r in range(RANKS.world)]
+    first = beats()
+    time.sleep(3.0)  # a live rank beats every second
+    gone = [r for r, (a, b) in enumerate(zip(first, beats())) if a == b and r != RANKS.rank]
+    at = [store.get(f"rlvr/at/{r}").decode() if store.check([f"rlvr/at/{r}"]) else "start-up"
+          for r in range(RANKS.world)]
+    behind = [r for r in range(RANKS.world) if at[r] != at[RANKS.rank]]
+    if gone:
+        who = f"rank {', '.join(map(str, gone))} stopped (no heartbeat)"
+    else:
+        who = f"every rank still beats: rank {', '.join(map(str, behind)) or '?'} hangs"
+    return f"{who}; " + "; ".join(f"rank {r} at {where}" for r, where in enumerate(at))
+
+
+def lost_contact(message: str) -> None:
+    """Another rank died or hangs: say so (which one, and where every rank was), and end this
+    process now; its collectives could only wait. Every checkpoint already written is complete."""
+    try:
+        message += f": {whereabouts()}"
+    except Exception:  # the store itself is gone (the launcher or rank 0's machine)
+        pass
+    os.write(2, f"rank {RANKS.rank}: {message}; stopping. {STOP_HINT['text']}\n".encode())
+    os._exit(1)
+
+
+def start_watchdog(silence: float) -> None:
+    """A heartbeat per rank in the store, and a thread that watches the others': a rank silent for
+    `silence` seconds has died (SIGKILL, a lost machine) or is stuck holding the interpreter. A rank
+    that sleeps while others wait is caught by the collective timeout (dist_timeout) instead."""
+    import threading
+
+    store, me = _store(), RANKS.rank
+
+    def watch():
+        seen = {r: (None, time.monotonic()) for r in range(RANKS.world) if r != me}
+        beat = 0
+        while True:
+            beat += 1
+            try:
+                store.set(f"rlvr/beat/{me}", str(beat))
+                for r, (last, since) in seen.items():
+                    key = f"rlvr/beat/{r}"
+                    value = store.get(key) if store.check([key]) else None
+                    if value != last:
+                        seen[r] = (value, time.monotonic())
+                    elif time.monotonic() - since > silence:
+                        lost_contact(f"rank {r} stopped responding (no heartbeat for {silence:.0f} s: it died, or "
+                                     "hangs holding the interpreter)")
+            except Exception as e:
+                lost_contact(f"lost the process group's store ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, name="rlvr-watchdog", daemon=True).start()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1948,47 +2431,68 @@ def sync(device: torch.device) -> None:
 
 def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, device, precision,
                eos_id, weights_before=None, state_before=None) -> tuple[dict, list[dict]]:
-    """One problem: rollouts, rewards, advantages, per-response backward, clip, one AdamW step."""
+    """One problem: rollouts, rewards, advantages, per-response backward, clip, one AdamW step.
+    With several processes this rank samples, scores and backpropagates its share of the group
+    (rank_share); the group's rewards, texts and log-probabilities are exchanged (gather_objects)
+    and its gradients summed (sum_gradients); one process has the whole group."""
     amp = autocast(device, precision)
     timings = {}
     t0 = time.perf_counter()
 
     prompt_ids = torch.tensor(problem["prompt_ids"], device=device)  # tokenized once, by check_problems
+    mine = rank_share(cfg.group_size)
     progress(f"[step {step}] generating {cfg.group_size} rollouts (problem {problem['index']})")
+    note(f"step {step}: generation")
+    failure = None
     try:
-        streams = rollout_streams(cfg.seed, step, range(cfg.group_size), device)
-        responses, cut = generate_rollouts(model, prompt_ids, cfg, eos_id, streams, amp)
+        with full_weights(model):
+            generated = interruptible(generate_rollouts, model, prompt_ids, cfg, eos_id,
+                                      rollout_streams(cfg.seed, step, mine, device), amp)
     except torch.OutOfMemoryError:
-        raise StopRun(f"CUDA out of memory at step {step} while generating {cfg.group_size} rollouts of up to "
-                      f"{cfg.max_new_tokens} tokens after a {len(prompt_ids)}-token prompt; lower max_new_tokens "
-                      "or group_size, or set precision: bf16") from None
+        failure = (f"CUDA out of memory at step {step} while generating {len(mine)} rollouts of up to "
+                   f"{cfg.max_new_tokens} tokens after a {len(prompt_ids)}-token prompt; lower max_new_tokens "
+                   "or group_size, or set precision: bf16")
     except NonFiniteScores as e:
-        raise StopRun(f"step {step}: {e}; the weights no longer give finite scores (lower learning_rate; "
-                      "the checkpoint holds the last completed step)") from None
+        failure = (f"step {step}: {e}; the weights no longer give finite scores (lower learning_rate; "
+                   "the checkpoint holds the last completed step)")
     sync(device)
     timings["generation"] = time.perf_counter() - t0
-    check_stop()
+    note(f"step {step}: rewards")
+    check_stop(failure=failure)
+    responses, cut = generated
 
     t = time.perf_counter()
     texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
     scored = score_rollouts(scorer, texts, problem["answer"])
-    rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
+    group = [x for share in gather_objects((texts, scored, [len(r) for r in responses], cut)) for x in zip(*share)]
+    all_texts, all_scored, all_tokens, all_cut = map(list, zip(*group))  # the whole group, in rollout order
+    rewards = torch.tensor([s[0] for s in all_scored], dtype=torch.float32)
     timings["rewards"] = time.perf_counter() - t
     check_stop()
 
     advantages = compute_advantages(rewards, cfg.std_eps)
     t = time.perf_counter()
     progress(f"[step {step}] rewards {rewards.tolist()}; backward")
+    note(f"step {step}: backward")
     try:
         loss, seq_log_probs = accumulate_policy_gradient(
-            model, params, prompt_ids, responses, advantages.to(device), cfg.group_size, amp, cfg.logprob_batch_size)
+            model, params, prompt_ids, responses, advantages[mine.start:mine.stop].to(device), cfg.group_size, amp,
+            cfg.logprob_batch_size)
     except torch.OutOfMemoryError:
         longest = max(len(r) for r in responses)
-        raise StopRun(f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
-                      f"tokens after a {len(prompt_ids)}-token prompt; lower max_new_tokens, set "
-                      "logprob_batch_size: 1 or precision: bf16") from None
+        failure = (f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
+                   f"tokens after a {len(prompt_ids)}-token prompt; lower max_new_tokens, set "
+                   "logprob_batch_size: 1 or precision: bf16")
+        loss, seq_log_probs = 0.0, []
+    check_stop(failure=failure)
+    if not bool((advantages == 0).all()):
+        sum_gradients(params)
+    shares = gather_objects((loss, seq_log_probs))
+    loss = sum(share[0] for share in shares)  # one process: its own total
+    seq_log_probs = [x for share in shares for x in share[1]]
     sync(device)
     timings["logprob_backward"] = time.perf_counter() - t
+    note(f"step {step}: optimizer step")
     check_stop()
 
     t = time.perf_counter()
@@ -1997,7 +2501,7 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
     timings["optimizer"] = time.perf_counter() - t
     timings["step"] = time.perf_counter() - t0
 
-    statuses = [s[2] for s in scored]
+    statuses = [s[2] for s in all_scored]
     metrics = {
         "step": step,
         "problem_index": problem["index"],
@@ -2005,13 +2509,13 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
         "correct": int((rewards == 1).sum()),
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std(unbiased=True)),
-        "response_tokens": sum(len(r) for r in responses),
+        "response_tokens": sum(all_tokens),
         "policy_loss": loss,
         "grad_norm": grad_norm,
         "update_norm": moved,
         "skipped": moved is None,
         "seconds": timings["step"],
-        "cut_at_limit": sum(cut),
+        "cut_at_limit": sum(all_cut),
         "no_answer": statuses.count("no_answer"),
         "verifier_timeouts": statuses.count("timeout"),
         "verifier_crashes": statuses.count("crash"),
@@ -2021,15 +2525,15 @@ def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, 
         "step": step,
         "problem_index": problem["index"],
         "rollout": i,
-        "response": texts[i],
-        "answer": scored[i][1],
-        "status": scored[i][2],
-        "reward": scored[i][0],
+        "response": all_texts[i],
+        "answer": all_scored[i][1],
+        "status": all_scored[i][2],
+        "reward": all_scored[i][0],
         "advantage": float(advantages[i]),
-        "tokens": len(responses[i]),
-        "cut_at_limit": cut[i],
+        "tokens": all_tokens[i],
+        "cut_at_limit": all_cut[i],
         "sequence_log_prob": seq_log_probs[i],
-    } for i in range(len(responses))]
+    } for i in range(cfg.group_size)]
     return metrics, rollouts
 
 
@@ -2048,7 +2552,7 @@ def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
         if not Path(cfg.model).exists() and network_problem("https://huggingface.co"):
             hint = f"{network_problem('https://huggingface.co')}; connect, or set model: to a local folder"
         raise UserError(f"could not load model {cfg.model!r} at revision {cfg.revision!r}: {detail}; {hint}") from None
-    return model.to(device).eval(), tokenizer, resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
+    return shard_model(model, device).eval(), tokenizer, resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
 
 
 def resolve_eos_id(tokenizer, cfg: Config, vocab_size: int) -> int:
@@ -2093,34 +2597,65 @@ def main(argv: list[str] | None = None) -> int:
     od = None
     try:
         cfg = load_config(argv)
+        check_world(cfg)
         device = resolve_device(cfg)
         precision = resolve_precision(cfg, device)
-        od = prepare_output_dir(cfg)
+        init_processes(cfg, device)
+        od = shared_output_dir(cfg)
         eval_set = load_eval_problems(cfg)  # before the model loads: a missing field costs nothing
         if cfg.num_problems == 0:
-            return evaluate_only(cfg, device, precision, od, eval_set)
-        problems = load_problems(cfg)
-        return run(cfg, device, precision, od, problems, argv, eval_set)
+            code = evaluate_only(cfg, device, precision, od, eval_set)
+        else:
+            code = run(cfg, device, precision, od, load_problems(cfg), argv, eval_set)
+        end_processes(cleanly=True)
+        return code
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        report_error(e)
         return 2
     except KeyboardInterrupt:  # before training started (the signal handlers take over after that)
-        print("interrupted while loading; output_dir was not changed", file=sys.stderr)
+        if process_rank() == 0:
+            print("interrupted while loading; output_dir was not changed", file=sys.stderr)
         return 130
+    except RuntimeError as e:  # several processes: a collective that timed out or lost its peer
+        if RANKS.world == 1:
+            raise
+        lost_contact(f"waiting for the other ranks failed ({str(e).splitlines()[0][:160] if str(e) else type(e).__name__})")
     finally:
         if od is not None:
             release_output_dir(od)
 
 
+def report_error(e: UserError) -> None:
+    """One line on stderr: rank 0's; another rank's only if it is its own (not one every rank hit)."""
+    if process_rank() == 0:
+        print(f"error: {e}", file=sys.stderr)
+    elif RANKS.world > 1 and not isinstance(e, SharedError):
+        print(f"rank {RANKS.rank}: error: {e}", file=sys.stderr)
+
+
+def shared_output_dir(cfg: Config) -> OutputDir:
+    """Rank 0 locks output_dir and decides what happens to it; the other ranks get its decision
+    (they never touch the folder)."""
+    od = on_rank0(prepare_output_dir, cfg)
+    return od if process_rank() == 0 else dataclasses.replace(od, lock_fd=-1, created=False)
+
+
 def write_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, problems: list[dict],
-                     eval_log: list[dict]) -> str | None:
-    """save_checkpoint, or why it could not be written (a full disk: the previous ones are intact)."""
+                     eval_log: list[dict], argv: list[str]) -> str | None:
+    """save_checkpoint, or why it could not be written (a full disk: the previous ones are intact),
+    on every rank alike. Replicas are compared first: a checkpoint holds weights every rank has."""
     progress(f"[step {step}] writing checkpoint")
     try:
+        check_replicas([p for p in model.parameters() if p.requires_grad])
         save_checkpoint(out, step, model, optimizer, cfg, next_record(problems, step), eval_steps_done(eval_log, cfg))
-        return None
+        failed = None
     except StopRun as e:
-        return str(e)
+        failed = str(e)
+    failed = from_rank0(failed)
+    if failed is None:
+        STOP_HINT["text"] = (f"The checkpoint of step {step} in {out / 'checkpoints'} is complete; to continue: "
+                             f"{resume_command(argv)}")
+    return failed
 
 
 def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
@@ -2147,10 +2682,10 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
     previous_handlers = install_signal_handlers()
     try:
         begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
-        eval_log = read_eval_log(out, eval_steps_in(od.resume_from), len(problems))  # what the checkpoint holds
-        print(format_header(cfg.group_size), flush=True)
+        eval_log = on_rank0(read_eval_log, out, eval_steps_in(od.resume_from), len(problems))  # the checkpoint's
+        say(format_header(cfg.group_size))
         for m in history:  # a resumed run shows the whole table, as an uninterrupted one would
-            print(format_row(m), flush=True)
+            say(format_row(m))
         start = time.perf_counter()
         last_saved = len(history) if od.resume_from is not None else 0
         stop_reason, exit_code = None, 0
@@ -2162,7 +2697,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
             stop_reason = evaluate_due(len(history))  # the base model before step 1, or what a stopped run left
             if len(eval_log) > evaluated and history:  # resumed: the checkpoint of this step now records it
                 stop_reason = stop_reason or write_checkpoint(out, len(history), model, optimizer, cfg, problems,
-                                                              eval_log)
+                                                              eval_log, argv)
             exit_code = stop_code() if stop_reason else 0
             for step in range(len(history) + 1, len(problems) + 1):
                 if stop_reason:
@@ -2181,7 +2716,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
                 append_jsonl(out / "metrics.jsonl", [metrics])
                 append_jsonl(out / "rollouts.jsonl", rollouts)
                 history.append(metrics)
-                print(format_row(metrics), flush=True)
+                say(format_row(metrics))
                 bad = 0
                 while bad < len(history) and history[-1 - bad]["skipped"]:
                     bad += 1
@@ -2194,19 +2729,20 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
                 if stop_reason:
                     exit_code = stop_code()
                     break
-                if (cfg.save_every and step % cfg.save_every == 0) or step == len(problems) or STOP["signal"]:
-                    failed = write_checkpoint(out, step, model, optimizer, cfg, problems, eval_log)
+                signalled = agreed_signal()  # arrived during the optimizer step (on any rank): the step is complete
+                if (cfg.save_every and step % cfg.save_every == 0) or step == len(problems) or signalled:
+                    failed = write_checkpoint(out, step, model, optimizer, cfg, problems, eval_log, argv)
                     if failed:
                         exit_code, stop_reason = 1, failed
                         break
                     last_saved = step
-                if STOP["signal"]:  # arrived during the optimizer step: the step is complete
+                if signalled:
                     exit_code = 128 + STOP["signal"]
                     stop_reason = f"stopped by {signal.Signals(STOP['signal']).name} after step {step}"
                     break
         if stop_reason:
             if len(history) > last_saved and not stop_reason.startswith("no space left"):
-                failed = write_checkpoint(out, len(history), model, optimizer, cfg, problems, eval_log)
+                failed = write_checkpoint(out, len(history), model, optimizer, cfg, problems, eval_log, argv)
                 stop_reason = f"{stop_reason}; {failed}" if failed else stop_reason
                 last_saved = last_saved if failed else len(history)
             if last_saved == len(history) and history:
@@ -2230,9 +2766,9 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
         progress(f"could not write {out / 'final'} ({e.strerror or e}); the checkpoint of step {len(history)} is "
                  f"complete: free some space, then {resume_command(argv)} writes final/")
         return 1
-    print(format_summary(history, time.perf_counter() - start), flush=True)
+    say(format_summary(history, time.perf_counter() - start))
     if eval_log:
-        print("\n" + format_eval_table(write_eval_files(out, eval_log, cfg)), flush=True)
+        say("\n" + format_eval_table(write_eval_files(out, eval_log, cfg)))
     return 0
 
 
@@ -2266,7 +2802,7 @@ def evaluate_only(cfg: Config, device: torch.device, precision: str, od: OutputD
         for sig, h in previous_handlers.items():
             signal.signal(sig, h)
     progress(eval_line("model", records, cfg.eval_samples, time.perf_counter() - t0))
-    print(format_eval_table(write_eval_files(out=od.path, records=records, cfg=cfg)), flush=True)
+    say(format_eval_table(write_eval_files(out=od.path, records=records, cfg=cfg)))
     return 0
 
 

@@ -1,7 +1,10 @@
 """Runs train_rlvr.main() in its own process with test-only patches, chosen by the environment
 variable RLVR_DRIVER (JSON). Nothing here is part of the product.
 
-  fake_rewards: true    rollout 0 of every group scores 1, the rest 0, so every step trains
+  fake_rewards: true    rollout 0 of every group scores 1, the rest 0, so every step trains (with
+                        several processes, rollout 0 is rank 0's first)
+  die_at: [rank, step]  that rank SIGKILLs itself as it starts generating for that step
+  hang_at: [rank, step] that rank sleeps (for an hour) as it starts generating for that step
   signals: [[n, "files" | "rename", "SIGKILL" | "SIGINT" | "SIGTERM"], ...]
                         send that signal to this process inside the n-th checkpoint write, after
                         its weights are written ("files") or just before its rename ("rename")
@@ -11,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -19,13 +23,21 @@ import train_rlvr as T  # noqa: E402
 
 
 def first_rollout_wins(scorer, texts, gold):
-    return [(1.0 if i == 0 else 0.0, None, "wrong") for i in range(len(texts))]
+    return [(1.0 if i == 0 and T.RANKS.rank == 0 else 0.0, None, "wrong") for i in range(len(texts))]
 
 
 def main():
     opts = json.loads(os.environ.get("RLVR_DRIVER", "{}"))
     if opts.get("fake_rewards"):
         T.score_rollouts = first_rollout_wins
+    real_streams = T.rollout_streams
+
+    def streams(seed, step, rollouts, device):
+        for key, act in (("die_at", lambda: os.kill(os.getpid(), signal.SIGKILL)), ("hang_at", lambda: time.sleep(3600))):
+            if opts.get(key) == [T.RANKS.rank, step]:
+                act()
+        return real_streams(seed, step, rollouts, device)
+    T.rollout_streams = streams
     writes = {"n": 0}
 
     def in_checkpoint(when):

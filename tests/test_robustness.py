@@ -166,7 +166,9 @@ def test_the_default_model_offline_is_one_line(tmp_path, capsys, monkeypatch, ti
     def no_network(*a, **k):
         raise socket.gaierror(-2, "Name or service not known")
     monkeypatch.setattr(socket, "getaddrinfo", no_network)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no retries: the hub client gives up at once
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no retries: the hub client gives up at once
     assert T.main(["device=cpu", f"dataset={tiny_data_file}", "num_problems=2", f"output_dir={tmp_path / 'o'}"]) == 2
     _one_line_error(capsys, "could not load model 'Qwen/Qwen3-0.6B-Base'", "no network: cannot resolve huggingface.co")
 

@@ -1,0 +1,201 @@
+"""Several processes through torchrun on the CPU (gloo, 2 processes, the tiny model): the same run
+as one process for replicate and fsdp sharding, checkpoints that resume with another number of
+processes, a killed or hung rank, SIGTERM to the launcher, and the checks that need no launch."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import rlvr_driver
+import train_rlvr as T
+from conftest import ROOT
+
+DRIVER = ROOT / "tests" / "rlvr_driver.py"
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch has no torch.distributed")
+
+
+def _args(model_dir, data, out, *extra):
+    return ["--config", str(ROOT / "config.yaml"), f"model={model_dir}", f"dataset={data}", "device=cpu",
+            f"output_dir={out}", "group_size=4", "max_new_tokens=6", "num_problems=3", "learning_rate=1e-3",
+            "save_every=1", "keep_last=5", "eval_problems=4", f"eval_dataset={data}", "eval_max_new_tokens=4",
+            "eval_batch_size=3", *extra]
+
+
+def _torchrun(args, env_extra=None, timeout=240):
+    env = dict(os.environ, RLVR_DRIVER=json.dumps({"fake_rewards": True, **(env_extra or {})}), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(DRIVER), *args]
+    t = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t
+
+
+def _in_process(args, monkeypatch, capsys):
+    monkeypatch.setattr(T, "score_rollouts", rlvr_driver.first_rollout_wins)
+    code = T.main(args)
+    captured = capsys.readouterr()
+    monkeypatch.undo()
+    return code, captured.out, captured.err
+
+
+def _rows(stdout):
+    return [line.split() for line in stdout.splitlines() if line[:1].isdigit()]
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _rel(a, b):
+    return abs(a - b) / max(abs(a), abs(b), 1e-12)
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_model_dir, tiny_data_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "run"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(T, "score_rollouts", rlvr_driver.first_rollout_wins)
+    from io import StringIO
+    import contextlib
+
+    stdout = StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert T.main(_args(tiny_model_dir, tiny_data_file, out)) == 0
+    mp.undo()
+    return out, stdout.getvalue()
+
+
+def _assert_same_run(one, many_out, many_stdout):
+    out, stdout = one
+    a, b = _jsonl(out / "rollouts.jsonl"), _jsonl(many_out / "rollouts.jsonl")
+    assert [(r["step"], r["rollout"], r["response"], r["reward"], r["advantage"], r["tokens"]) for r in a] == \
+           [(r["step"], r["rollout"], r["response"], r["reward"], r["advantage"], r["tokens"]) for r in b]
+    assert all(_rel(x["sequence_log_prob"], y["sequence_log_prob"]) <= 1e-5 for x, y in zip(a, b))
+    rows_a, rows_b = _rows(stdout), _rows(many_stdout)
+    assert len(rows_a) == len(rows_b) == 3
+    for x, y in zip(rows_a, rows_b):  # step, correct, mean, std, tokens equal; loss, grad norm, update norm close
+        assert x[:5] == y[:5]
+    ma, mb = _jsonl(out / "metrics.jsonl"), _jsonl(many_out / "metrics.jsonl")
+    for x, y in zip(ma, mb):
+        for key in ("policy_loss", "grad_norm", "update_norm"):
+            assert _rel(x[key], y[key]) <= 1e-5, (key, x[key], y[key])
+    wa, wb = load_file(out / "final" / "model.safetensors"), load_file(many_out / "final" / "model.safetensors")
+    assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5
+    assert _jsonl(out / "eval.jsonl") == _jsonl(many_out / "eval.jsonl")  # the evaluation, split over the ranks
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == \
+           sorted(p.name for p in (many_out / "checkpoints").iterdir())
+    for ckpt in T.list_checkpoints(many_out):
+        assert T.verify_checkpoint(ckpt) is None
+        assert sorted(json.loads((ckpt / T.MANIFEST).read_text())["files"]) == \
+               sorted(json.loads((out / "checkpoints" / ckpt.name / T.MANIFEST).read_text())["files"])
+
+
+@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
+def test_two_processes_give_the_one_process_run(one_process, tiny_model_dir, tiny_data_file, tmp_path, sharding,
+                                                monkeypatch, capsys):
+    out = tmp_path / "two"
+    code, stdout, stderr, _ = _torchrun(_args(tiny_model_dir, tiny_data_file, out, f"sharding={sharding}"))
+    assert code == 0, stderr[-3000:]
+    _assert_same_run(one_process, out, stdout)
+    # one voice: the table once, the progress lines once
+    assert stdout.count("correct rollouts") == 1 and stderr.count("[step 2] generating") == 1
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(out / "final") is not None  # the same final/ as one process writes
+    if sharding == "fsdp":  # a checkpoint of 2 sharded processes, resumed by 1
+        resumed = tmp_path / "resumed"
+        shutil.copytree(out, resumed)
+        shutil.rmtree(resumed / "final")
+        shutil.rmtree(resumed / "checkpoints" / "step-000003")
+        code, resumed_stdout, err = _in_process(_args(tiny_model_dir, tiny_data_file, resumed, "resume=auto"),
+                                                monkeypatch, capsys)
+        assert code == 0, err
+        assert "step-000002 after step 2" in err
+        _assert_same_run(one_process, resumed, resumed_stdout)
+
+
+def test_a_killed_rank_ends_the_run_naming_it_and_resume_auto_continues(one_process, tiny_model_dir, tiny_data_file,
+                                                                        tmp_path, monkeypatch, capsys):
+    out = tmp_path / "killed"
+    code, stdout, stderr, seconds = _torchrun(_args(tiny_model_dir, tiny_data_file, out, "dist_timeout=5"),
+                                              {"die_at": [1, 2]})
+    assert code != 0 and seconds < 120
+    assert "rank 0: " in stderr and "rank 1 stopped (no heartbeat)" in stderr, stderr[-3000:]
+    assert "rank 1 at step 2: generation" in stderr
+    assert "The checkpoint of step 1" in stderr and "resume=auto" in stderr
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000001"]
+    assert T.verify_checkpoint(out / "checkpoints" / "step-000001") is None
+    code, resumed_stdout, err = _in_process(_args(tiny_model_dir, tiny_data_file, out, "resume=auto"), monkeypatch,
+                                            capsys)  # with another number of processes
+    assert code == 0, err
+    _assert_same_run(one_process, out, resumed_stdout)
+
+
+def test_a_hung_rank_ends_the_run_within_dist_timeout(tiny_model_dir, tiny_data_file, tmp_path):
+    out = tmp_path / "hung"
+    code, _, stderr, seconds = _torchrun(_args(tiny_model_dir, tiny_data_file, out, "dist_timeout=4"),
+                                         {"hang_at": [1, 2]})
+    assert code != 0 and seconds < 120
+    assert "rank 0: waiting for the other ranks failed" in stderr and "rank 1 hangs" in stderr, stderr[-3000:]
+    assert T.verify_checkpoint(out / "checkpoints" / "step-000001") is None
+
+
+def test_sigterm_to_the_launcher_checkpoints_the_last_step_and_stops(one_process, tiny_model_dir, tiny_data_file,
+                                                                      tmp_path, monkeypatch, capsys):
+    out = tmp_path / "term"
+    env = dict(os.environ, RLVR_DRIVER=json.dumps({"fake_rewards": True}), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(DRIVER),
+           *_args(tiny_model_dir, tiny_data_file, out, "save_every=0", "sharding=fsdp")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen = ""
+    for line in proc.stderr:
+        seen += line
+        if "[step 2] generating" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    seen += proc.stderr.read()
+    proc.wait(timeout=120)
+    assert "stopped by SIGTERM" in seen, seen[-3000:]
+    done = T.list_checkpoints(out)
+    assert len(done) == 1 and T.verify_checkpoint(done[0]) is None  # the last completed step, written on the way out
+    assert f"checkpoint of step {int(done[0].name[5:])}" in seen
+    code, resumed_stdout, err = _in_process(_args(tiny_model_dir, tiny_data_file, out, "resume=auto"), monkeypatch,
+                                            capsys)
+    assert code == 0, err
+    _assert_same_run(one_process, out, resumed_stdout)
+
+
+def test_a_group_that_does_not_split_over_the_processes_is_refused(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    assert T.main(["--config", str(ROOT / "config.yaml"), "device=cpu", f"output_dir={tmp_path / 'o'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: group_size 8 does not split over 3 processes; choose a group_size divisible by the "
+                   "number of processes (nproc_per_node x nnodes)")
+    monkeypatch.setenv("RANK", "1")  # the other ranks stay silent about an error every rank sees
+    assert T.main(["--config", str(ROOT / "config.yaml"), "device=cpu", f"output_dir={tmp_path / 'o'}"]) == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_replicas_that_drift_apart_by_one_bit_stop_the_run(tiny_model, monkeypatch):
+    model, _ = tiny_model
+    params = list(model.parameters())
+    mine = T.fingerprint(params)
+    with torch.no_grad():
+        w = params[2].view(-1)
+        w[5] = torch.nextafter(w[5], torch.tensor(float("inf")))  # one ulp
+    drifted = T.fingerprint(params)
+    assert drifted != mine
+    monkeypatch.setattr(T, "RANKS", T.Ranks(rank=0, world=2, sharding="replicate"))
+    monkeypatch.setattr(T, "gather_objects", lambda obj: [mine, drifted])
+    with pytest.raises(T.StopRun, match="the weights of rank 1 differ from rank 0's"):
+        T.check_replicas(params)
+    monkeypatch.setattr(T, "gather_objects", lambda obj: [mine, mine])
+    T.check_replicas(params)
