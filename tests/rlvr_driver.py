@@ -2,6 +2,7 @@
 variable RLVR_DRIVER (JSON). Nothing here is part of the product.
 
   fake_rewards: true    rollout 0 of every group scores 1, the rest 0, so every step trains
+  flip_advantages: true the advantages' sign is negated: training pushes away from the reward
   signals: [[n, "files" | "rename", "SIGKILL" | "SIGINT" | "SIGTERM"], ...]
                         send that signal to this process inside the n-th checkpoint write, after
                         its weights are written ("files") or just before its rename ("rename")
@@ -26,6 +27,9 @@ def main():
     opts = json.loads(os.environ.get("RLVR_DRIVER", "{}"))
     if opts.get("fake_rewards"):
         T.score_rollouts = first_rollout_wins
+    if opts.get("flip_advantages"):
+        real_advantages = T.compute_advantages
+        T.compute_advantages = lambda rewards, std_eps: -real_advantages(rewards, std_eps)
     writes = {"n": 0}
 
     def in_checkpoint(when):
