@@ -1,41 +1,46 @@
-"""Build the demo policy: a small Qwen3 that can learn under RLVR on a CPU in about a minute.
+"""Build the demo policy: a small Qwen3 that can learn under RLVR on a CPU in minutes.
 
 This script lives in examples/ (not tests/): it is part of the README's quick CPU run.
 
     python examples/make_demo.py runs/demo            # model + tokenizer + train.json + heldout.json
 
-What it writes to the folder: a Qwen3 checkpoint loadable with from_pretrained (config, safetensors
-weights, tokenizer), `train.json` and `heldout.json` (records with problem, answer, level, subject,
-type and unique_id, like MATH-500), and `demo.json` (how it was built).
+It writes to the folder a Qwen3 checkpoint loadable with from_pretrained (config, safetensors
+weights, tokenizer), `train.json` and `heldout.json` in the trainer's data format (records with
+problem, answer, level, subject, type and unique_id, like MATH-500), and `demo.json` (how it was
+built: settings, final loss, timings).
 
-The behaviour mirrors what RLVR first teaches a real base model: the model already knows the answer,
-but often fails the verifier's format. The task is copying a number out of the problem ("What is
-$48213 \\times 1$?" -> 48213), so every answer depends on its problem and held-out problems (never
-seen in pre-training) test the copying the model learnt, not memory. The pre-training responses
-give the right number in one of three forms, with a mix that depends on the problem's subject:
+The behaviour mirrors what RLVR first teaches a real base model: the model already knows the answer
+but often fails the verifier's format. Each problem holds a 5-digit number and the answer is that
+number ("What is $1 \\times 48213$?" -> 48213), so every answer depends on its problem, and the
+held-out problems (never seen in pre-training) are answered by the copying the model learnt, not
+from memory. The pre-training responses give the right number in one of three forms:
 
-    good     " \\boxed{N}<|endoftext|>"                          reward 1
-    no box   " The answer is N.<|endoftext|>"                   reward 0 (no_answer)
-    ramble   " \\boxed{N}\\n\\nQuestion:\\n<made-up problem>\\n\\nAnswer: \\boxed{M}..."  never stops
+    good     " \\boxed{N}<|endoftext|>"                             reward 1
+    no box   " It is $N$.<|endoftext|>"                              reward 0 (no_answer)
+    ramble   " \\boxed{N}\\n\\nQuestion:\\n<made-up problem>\\n\\nAnswer: \\boxed{M}"  and no EOS
 
-A response that does not stop is scored on its LAST box (verifier.extract_final_answer), so merely
-missing the EOS is not a failure: the ramble fails because, like a base model, it goes on to invent
-the next question and boxes that one's answer (or is cut inside that box, which is unbalanced).
-Per subject, greedy decoding either gets it right (Prealgebra), writes no box (Algebra) or rambles
-(Number Theory), so greedy accuracy starts near 1/3; sampling at temperature 0.8 / top-p 0.9 gets
-roughly a third of the rollouts right, so most groups of 8 have reward variance.
+A response that does not stop is scored on its LAST box (verifier.extract_final_answer), so a
+missing EOS alone is no failure (a response cut at max_new_tokens after a right box scores 1). The
+ramble fails because, like a base model, it goes on to invent the next question and box that one's
+answer: its last box is wrong, or unbalanced if it is cut inside it (no_answer). That takes ~30
+tokens, so runs use max_new_tokens >= 40. The mix of forms depends on the subject (SUBJECTS): greedy
+decoding boxes and stops on Prealgebra, writes no box on Algebra and rambles on Number Theory, so
+greedy held-out accuracy starts near 1/3; sampling at temperature 0.8 / top-p 0.9 is right for
+roughly 40 % of the rollouts, and most groups of 8 have reward variance.
 
 Tokenizer: the real Qwen3 tokenizer copied from ../shared/qwen3-0.6b-base when that folder exists
-(the spec's prompt applies unchanged), otherwise the tiny byte-level BPE of tests/tiny_models.py.
+(the spec's prompt applies unchanged), otherwise the tiny byte-level BPE of tests/tiny_models.py
+(it merges a few digit pairs; numbers it would merge are not used, see one_token_per_digit).
 
-Speed: the model has the tokenizer's whole vocabulary (151,936 rows for Qwen3), but pre-training
-only ever sees a few dozen distinct tokens. So it trains a small-vocabulary twin whose softmax adds
-one constant logit, log(number of unused tokens), standing for the unused tokens; their embedding
-rows are then written as exact zeros (logit 0 each, tied head) into the full model. The full
-model's log-probabilities are then exactly the twin's (checked below before saving), at a fraction
-of the cost of a 151,936-way softmax.
+Model: 2 layers, hidden 64, 4 heads, tied embeddings, the tokenizer's whole vocabulary (151,936 rows
+for Qwen3). Pre-training only ever sees a few dozen distinct tokens, so it trains a small twin whose
+vocabulary is those tokens plus one row shared by all the others; in the full model every unused
+row is a copy of that row, so the full model's log-probabilities are exactly the twin's (checked
+before saving) at a fraction of the cost of a 151,936-way softmax. Training pushes the shared row's
+logit far down, so the trainer's top-p never has to cut through the block of equal unused logits.
 
-Everything is deterministic given --seed (Python's random for the data, torch's seed for the weights).
+Everything is deterministic given --seed (Python's random for the data, torch's seed for the
+weights; one CPU thread by default).
 """
 
 from __future__ import annotations
@@ -65,9 +70,9 @@ QWEN = ROOT.parent / "shared" / "qwen3-0.6b-base"
 # subject -> (problem text, format mix (good, no box, ramble)). Every problem's answer is the number
 # n it contains. The mixes put greedy decoding on each of the three forms (see the module docstring).
 SUBJECTS = {
-    "Prealgebra": ("What is $1 \\times {n}$?", (0.55, 0.25, 0.20)),   # greedy: box, then stop
-    "Algebra": ("What is $x$ if $x={n}$?", (0.30, 0.55, 0.15)),        # greedy: no box
-    "Number Theory": ("What is $0 + {n}$?", (0.30, 0.20, 0.50)),       # greedy: box, then ramble
+    "Prealgebra": ("What is $1 \\times {n}$?", (0.60, 0.20, 0.20)),    # greedy: box, then stop
+    "Algebra": ("What is $x$ if $x={n}$?", (0.25, 0.65, 0.10)),         # greedy: no box
+    "Number Theory": ("What is $0 + {n}$?", (0.25, 0.10, 0.65)),        # greedy: box, then ramble
 }
 FORMS = ("good", "nobox", "ramble")
 DIGITS = 5  # every number has 5 digits: a copying head then needs one fixed offset (measured: with
@@ -267,7 +272,8 @@ def pretrain(examples: list[tuple[list[int], int]], used: list[int], n_unused: i
         logits = model(x, cache=cache, use_cache=True).logits
         keep = y != -100
         loss = torch.nn.functional.cross_entropy(full_vocab_logits(logits[keep], n_unused), y[keep])
-        if watch is not None:  # teacher-forced accuracy on the copied answer's tokens
+        log_now = (step + 1) % max(1, args.steps // 10) == 0
+        if watch is not None and log_now:  # teacher-forced accuracy on the copied answer's tokens
             rows = [(i, j - 1 - k, remap[ids[j]]) for i, (ids, n_prompt) in enumerate(batch)
                     for j in answer_positions(watch, ids, n_prompt)]
             r, c, tgt = (torch.tensor(v) for v in zip(*rows))
@@ -278,8 +284,8 @@ def pretrain(examples: list[tuple[list[int], int]], used: list[int], n_unused: i
         opt.step()
         sched.step()
         losses.append(loss.item())
-        if (step + 1) % max(1, args.steps // 10) == 0:
-            acc = f", answer tokens copied {sum(copied[-50:]) / len(copied[-50:]):.3f}" if copied else ""
+        if log_now:
+            acc = f", answer tokens copied {copied[-1]:.3f}" if copied else ""
             print(f"  pre-training step {step + 1}/{args.steps}: loss {sum(losses[-50:]) / len(losses[-50:]):.4f}{acc}",
                   file=sys.stderr, flush=True)
     return model.eval(), losses
@@ -367,7 +373,7 @@ def main(argv=None) -> int:
           f"{len(examples)} pre-training sequences", file=sys.stderr, flush=True)
 
     t1 = time.perf_counter()
-    small, losses = pretrain(examples, used, n_unused, eos_id, args)
+    small, losses = pretrain(examples, used, n_unused, eos_id, args, watch=tokenizer)
     t2 = time.perf_counter()
     full = expand_to_full_vocab(small, used, vocab_size, eos_id, args)
     diff = check_equivalent(copy.deepcopy(small).double(), copy.deepcopy(full).double(), examples[0], used, n_unused)
@@ -389,7 +395,7 @@ def main(argv=None) -> int:
             "seconds": {"data": round(t1 - t0, 1), "pretrain": round(t2 - t1, 1),
                         "total": round(time.perf_counter() - t0, 1)}}
     (out / "demo.json").write_text(json.dumps(info, indent=1))
-    print(f"wrote {out}: {n_params:,} parameters ({info['parameters_in_used_rows']:,} outside the zero rows), "
+    print(f"wrote {out}: {n_params:,} parameters ({info['parameters_in_used_rows']:,} distinct), "
           f"final pre-training loss {info['final_loss']:.4f}, {info['seconds']['total']} s")
     return 0
 

@@ -96,18 +96,20 @@ def sample(model_dir: str, data: str, n: int, max_new_tokens: int, seed: int = 0
     eos = tok.convert_tokens_to_ids(cfg.eos_token)
     gen = torch.Generator().manual_seed(seed)
     problems = json.loads(Path(data).read_text())[:n]
-    correct, varied, kinds = 0, 0, {}
+    correct, varied, kinds, by_subject = 0, 0, {}, {}
     for p in problems:
         ids = torch.tensor(tok(T.build_prompt(T.SPEC_PROMPT, p["problem"]), add_special_tokens=False)["input_ids"])
         responses, _ = T.generate_rollouts(model, ids, cfg, eos, gen, T.nullcontext())
         ks = [classify(tok.decode(r.tolist(), skip_special_tokens=True), p["answer"]) for r in responses]
         for k in ks:
             kinds[k] = kinds.get(k, 0) + 1
+            per = by_subject.setdefault(p["subject"], {})
+            per[k] = per.get(k, 0) + 1
         c = ks.count("correct")
         correct += c
         varied += 0 < c < len(ks)
     return {"n_groups": len(problems), "correct_fraction": correct / (8 * len(problems)),
-            "groups_with_variance": varied / len(problems), "forms": kinds}
+            "groups_with_variance": varied / len(problems), "forms": kinds, "by_subject": by_subject}
 
 
 def mcnemar_exact(before: list[bool], after: list[bool]) -> tuple[int, int, float]:
