@@ -171,17 +171,20 @@ def encode_example(tokenizer, eos_id: int, problem: dict, response: str, ends: b
 def pretraining_examples(tokenizer, eos_id: int, rng: random.Random, args, banned: set) -> list:
     """steps * batch tokenized sequences, in training order. The first short_steps batches use the
     spec prompt's last part only ("Question: ... Answer:", like a Q/A document without the
-    instruction): the copy sits at the same offset, among 3x fewer tokens, and the copying head forms
-    reliably (measured: with the full prompt from the start it formed for one seed in two)."""
-    examples = []
-    while len(examples) < args.steps * args.batch:
+    instruction): the copy sits at the same offset among 3x fewer tokens, and the copying head forms
+    in about half the steps (measured on 2 seeds: ~100 steps instead of ~200)."""
+    drafts = []
+    while len(drafts) < args.steps * args.batch:
         p = random_problem(rng, tokenizer)
         if p["problem"] in banned:  # held-out problems are never seen before evaluation
             continue
         text, ends = response_text(p, sample_form(p, rng), rng, tokenizer)
-        short = len(examples) < args.short_steps * args.batch
-        examples.append(encode_example(tokenizer, eos_id, p, text, ends, SHORT_PROMPT if short else SPEC_PROMPT))
-    return examples
+        template = SHORT_PROMPT if len(drafts) < args.short_steps * args.batch else SPEC_PROMPT
+        drafts.append((build_prompt(template, p["problem"]), text, ends))
+    # one batched call per side (the same tokens as one call per text, several times faster)
+    prompts = tokenizer([d[0] for d in drafts], add_special_tokens=False)["input_ids"]
+    responses = tokenizer([d[1] for d in drafts], add_special_tokens=False)["input_ids"]
+    return [(q + r + ([eos_id] if d[2] else []), len(q)) for q, r, d in zip(prompts, responses, drafts)]
 
 
 def answer_positions(tokenizer, ids: list[int], n_prompt: int) -> list[int]:

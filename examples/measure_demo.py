@@ -7,6 +7,7 @@ evaluation lands; it lives in examples/ next to the demo builder.
     python examples/measure_demo.py run runs/demo OUT [--flip] [key=value ...]  # train, then eval before/after
     python examples/measure_demo.py sweep runs/demo OUTROOT "learning_rate=1e-4" "flip learning_rate=1e-3" ...
         # several runs, the base model evaluated once; each config: key=value settings, "flip" negates
+        # the advantages, "random:SEED" gives each step's advantages a random sign
 
 Greedy decoding here is transformers' generate with do_sample=False on a left-padded batch, at most
 `--max-new-tokens` tokens, stopping at <|endoftext|>; the response is scored by verifier.score.
@@ -121,13 +122,15 @@ def mcnemar_exact(before: list[bool], after: list[bool]) -> tuple[int, int, floa
     return b, c, p
 
 
-def train(model_dir: str, out: str, overrides: list[str], flip: bool) -> tuple[str, float, int]:
-    """train_rlvr.py (through tests/rlvr_driver.py when the advantages' sign is flipped), niced."""
+def train(model_dir: str, out: str, overrides: list[str], flip) -> tuple[str, float, int]:
+    """train_rlvr.py (through tests/rlvr_driver.py when the advantages' sign is flipped: flip True,
+    or random per step: flip "random:SEED"), niced."""
     script = [str(ROOT / "tests" / "rlvr_driver.py")] if flip else [str(ROOT / "train_rlvr.py")]
     cmd = ["nice", "-n", "10", sys.executable, *script, f"model={model_dir}",
            f"dataset={Path(model_dir) / 'train.json'}", "device=cpu", f"output_dir={out}", "overwrite=true",
            "save_every=0", *overrides]
-    env = dict(os.environ, RLVR_DRIVER=json.dumps({"flip_advantages": True})) if flip else None
+    opts = {"random_sign": int(flip.split(":")[1])} if isinstance(flip, str) else {"flip_advantages": True}
+    env = dict(os.environ, RLVR_DRIVER=json.dumps(opts)) if flip else None
     t = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode:
@@ -176,7 +179,8 @@ def main(argv=None) -> int:
         for i, config in enumerate(args.rest[1:]):
             words = config.split()
             out = str(Path(args.rest[0]) / f"run{i}")
-            res = run_one(args, out, [w for w in words if w != "flip"], "flip" in words, before)
+            flip = "flip" in words or next((w for w in words if w.startswith("random:")), False)
+            res = run_one(args, out, [w for w in words if w != "flip" and not w.startswith("random:")], flip, before)
             print(json.dumps(res), flush=True)
             if args.json:
                 with open(args.json, "a") as f:

@@ -3,6 +3,8 @@ variable RLVR_DRIVER (JSON). Nothing here is part of the product.
 
   fake_rewards: true    rollout 0 of every group scores 1, the rest 0, so every step trains
   flip_advantages: true the advantages' sign is negated: training pushes away from the reward
+  random_sign: SEED     each step's advantages get a random sign (drawn from random.Random(SEED)):
+                        updates as large as the real ones that point nowhere in particular
   signals: [[n, "files" | "rename", "SIGKILL" | "SIGINT" | "SIGTERM"], ...]
                         send that signal to this process inside the n-th checkpoint write, after
                         its weights are written ("files") or just before its rename ("rename")
@@ -30,6 +32,11 @@ def main():
     if opts.get("flip_advantages"):
         real_advantages = T.compute_advantages
         T.compute_advantages = lambda rewards, std_eps: -real_advantages(rewards, std_eps)
+    if "random_sign" in opts:
+        import random
+
+        signs, real_advantages = random.Random(opts["random_sign"]), T.compute_advantages
+        T.compute_advantages = lambda rewards, std_eps: signs.choice((-1, 1)) * real_advantages(rewards, std_eps)
     writes = {"n": 0}
 
     def in_checkpoint(when):
