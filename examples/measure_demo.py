@@ -33,11 +33,15 @@ import train_rlvr as T  # noqa: E402
 import verifier  # noqa: E402
 
 
-def load(model_dir: str):
+def load(model_dir: str, weights: str | None = None):
+    """The model of a folder, or with the weights of a trainer checkpoint (weights = its folder)."""
+    from safetensors.torch import load_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if weights:
+        load_model(model, str(Path(weights) / "model.safetensors"))
     return model, tok
 
 
@@ -74,8 +78,8 @@ def classify(text: str, gold: str) -> str:
     return "wrong"
 
 
-def evaluate(model_dir: str, heldout: str, n: int, max_new_tokens: int) -> dict:
-    model, tok = load(model_dir)
+def evaluate(model_dir: str, heldout: str, n: int, max_new_tokens: int, weights: str | None = None) -> dict:
+    model, tok = load(model_dir, weights)
     problems = json.loads(Path(heldout).read_text())[:n]
     t = time.perf_counter()
     texts = greedy_responses(model, tok, problems, max_new_tokens)
@@ -159,19 +163,32 @@ def run_one(args, out: str, overrides: list[str], flip: bool, before: dict | Non
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["eval", "sample", "run", "sweep"])
+    ap.add_argument("what", choices=["eval", "sample", "run", "sweep", "curve"])
     ap.add_argument("model")
     ap.add_argument("rest", nargs="*", help="run: OUT then key=value settings for train_rlvr.py")
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--flip", action="store_true", help="negate the advantages (tests/rlvr_driver.py)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
+    ap.add_argument("--every", type=int, default=5, help="curve: checkpoint (and evaluate) every N steps")
     args = ap.parse_args(argv)
     heldout = str(Path(args.model) / "heldout.json")
     if args.what == "eval":
         res = evaluate(args.model, heldout, args.n, args.max_new_tokens)
     elif args.what == "sample":
         res = sample(args.model, heldout, args.n, args.max_new_tokens)
+    elif args.what == "curve":  # held-out accuracy after every --every steps of one run
+        out, overrides = args.rest[0], args.rest[1:]
+        flip = "flip" in overrides or next((w for w in overrides if w.startswith("random:")), False)
+        overrides = [w for w in overrides if w != "flip" and not w.startswith("random:")]
+        overrides += [f"max_new_tokens={args.max_new_tokens}", f"save_every={args.every}", "keep_last=1000"]
+        table, seconds, rc = train(args.model, out, overrides, flip)
+        curve = [(0, evaluate(args.model, heldout, args.n, args.max_new_tokens)["accuracy"])]
+        for ckpt in T.list_checkpoints(Path(out)):
+            acc = evaluate(args.model, heldout, args.n, args.max_new_tokens, str(ckpt))["accuracy"]
+            curve.append((int(ckpt.name[5:]), acc))
+        res = {"model": args.model, "overrides": overrides, "flip": flip, "curve": curve,
+               "summary": [line for line in table.splitlines() if line.startswith(("correct rollouts", "zero-var"))]}
     elif args.what == "run":
         res = run_one(args, args.rest[0], args.rest[1:], args.flip, None)
     else:
