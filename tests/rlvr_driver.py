@@ -5,6 +5,9 @@ variable RLVR_DRIVER (JSON). Nothing here is part of the product.
                         several processes, rollout 0 is rank 0's first)
   die_at: [rank, step]  that rank SIGKILLs itself as it starts generating for that step
   hang_at: [rank, step] that rank sleeps (for an hour) as it starts generating for that step
+  flip_advantages: true the advantages' sign is negated: training pushes away from the reward
+  random_sign: SEED     each step's advantages get a random sign (drawn from random.Random(SEED)):
+                        updates as large as the real ones that point nowhere in particular
   signals: [[n, "files" | "rename", "SIGKILL" | "SIGINT" | "SIGTERM"], ...]
                         send that signal to this process inside the n-th checkpoint write, after
                         its weights are written ("files") or just before its rename ("rename")
@@ -38,6 +41,14 @@ def main():
                 act()
         return real_streams(seed, step, rollouts, device)
     T.rollout_streams = streams
+    if opts.get("flip_advantages"):
+        real_advantages = T.compute_advantages
+        T.compute_advantages = lambda rewards, std_eps: -real_advantages(rewards, std_eps)
+    if "random_sign" in opts:
+        import random
+
+        signs, real_advantages = random.Random(opts["random_sign"]), T.compute_advantages
+        T.compute_advantages = lambda rewards, std_eps: signs.choice((-1, 1)) * real_advantages(rewards, std_eps)
     writes = {"n": 0}
 
     def in_checkpoint(when):
