@@ -26,6 +26,7 @@ import shlex
 import shutil
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -2146,6 +2147,8 @@ def init_processes(cfg: Config, device: torch.device) -> None:
 
     import torch.distributed as dist
 
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # object collectives on NCCL use the current device
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None,
                             timeout=datetime.timedelta(seconds=cfg.dist_timeout))
     RANKS.rank, RANKS.world, RANKS.device = dist.get_rank(), dist.get_world_size(), str(device)
@@ -2348,30 +2351,41 @@ def check_replicas(params) -> None:
                           "run the same code on the same hardware type); nothing was written")
 
 
+STORE_LOCK = threading.Lock()  # the watchdog thread and the main thread share the store's client
+
+
 def _store():
     import torch.distributed as dist
 
     return dist.distributed_c10d._get_default_store()
 
 
+def store_get(key: str) -> bytes | None:
+    with STORE_LOCK:
+        store = _store()
+        return store.get(key) if store.check([key]) else None
+
+
+def store_set(key: str, value: str) -> None:
+    with STORE_LOCK:
+        _store().set(key, value)
+
+
 def note(where: str) -> None:
     """What this rank is doing now, kept in the process group's store: a rank that waits for it in
     vain names it in its message."""
     if RANKS.world > 1:
-        _store().set(f"rlvr/at/{RANKS.rank}", where)
+        store_set(f"rlvr/at/{RANKS.rank}", where)
 
 
 def whereabouts() -> str:
     """Which ranks are gone (no heartbeat over 3 s) and where each rank last was."""
-    store = _store()
-
     def beats():
-        return [store.get(f"rlvr/beat/{r}") if store.check([f"rlvr/beat/{r}"]) else None for r in range(RANKS.world)]
+        return [store_get(f"rlvr/beat/{r}") for r in range(RANKS.world)]
     first = beats()
     time.sleep(3.0)  # a live rank beats every second
     gone = [r for r, (a, b) in enumerate(zip(first, beats())) if a == b and r != RANKS.rank]
-    at = [store.get(f"rlvr/at/{r}").decode() if store.check([f"rlvr/at/{r}"]) else "start-up"
-          for r in range(RANKS.world)]
+    at = [(store_get(f"rlvr/at/{r}") or b"start-up").decode() for r in range(RANKS.world)]
     behind = [r for r in range(RANKS.world) if at[r] != at[RANKS.rank]]
     if gone:
         who = f"rank {', '.join(map(str, gone))} stopped (no heartbeat)"
@@ -2395,9 +2409,7 @@ def start_watchdog(silence: float) -> None:
     """A heartbeat per rank in the store, and a thread that watches the others': a rank silent for
     `silence` seconds has died (SIGKILL, a lost machine) or is stuck holding the interpreter. A rank
     that sleeps while others wait is caught by the collective timeout (dist_timeout) instead."""
-    import threading
-
-    store, me = _store(), RANKS.rank
+    me = RANKS.rank
 
     def watch():
         seen = {r: (None, time.monotonic()) for r in range(RANKS.world) if r != me}
@@ -2405,10 +2417,9 @@ def start_watchdog(silence: float) -> None:
         while True:
             beat += 1
             try:
-                store.set(f"rlvr/beat/{me}", str(beat))
+                store_set(f"rlvr/beat/{me}", str(beat))
                 for r, (last, since) in seen.items():
-                    key = f"rlvr/beat/{r}"
-                    value = store.get(key) if store.check([key]) else None
+                    value = store_get(f"rlvr/beat/{r}")
                     if value != last:
                         seen[r] = (value, time.monotonic())
                     elif time.monotonic() - since > silence:
