@@ -2161,7 +2161,9 @@ def end_processes(cleanly: bool) -> None:
         import torch.distributed as dist
 
         dist.barrier()
-        dist.destroy_process_group()
+        with STORE_LOCK:  # the watchdog stops first and never calls a store being torn down
+            WATCHDOG_OFF.set()
+            dist.destroy_process_group()
 
 
 def rank_share(group_size: int) -> range:
@@ -2352,6 +2354,7 @@ def check_replicas(params) -> None:
 
 
 STORE_LOCK = threading.Lock()  # the watchdog thread and the main thread share the store's client
+WATCHDOG_OFF = threading.Event()  # set by end_processes: the run ended cleanly, the store goes away
 
 
 def _store():
@@ -2414,7 +2417,7 @@ def start_watchdog(silence: float) -> None:
     def watch():
         seen = {r: (None, time.monotonic()) for r in range(RANKS.world) if r != me}
         beat = 0
-        while True:
+        while not WATCHDOG_OFF.is_set():
             beat += 1
             try:
                 store_set(f"rlvr/beat/{me}", str(beat))
@@ -2426,6 +2429,8 @@ def start_watchdog(silence: float) -> None:
                         lost_contact(f"rank {r} stopped responding (no heartbeat for {silence:.0f} s: it died, or "
                                      "hangs holding the interpreter)")
             except Exception as e:
+                if WATCHDOG_OFF.is_set():  # the store was torn down between the check and the call
+                    return
                 lost_contact(f"lost the process group's store ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
             time.sleep(1.0)
 

@@ -155,13 +155,14 @@ def test_signal_during_a_step_checkpoints_the_last_completed_step(tiny_model_dir
     _first_rollout_wins(monkeypatch)
     _on_call(monkeypatch, where, at_call, lambda: os.kill(os.getpid(), sig))
     out = tmp_path / "run"
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # SIG_IGN under nohup or `&`
     assert T.main(_args(tiny_model_dir, tiny_data_file, out, "save_every=0")) == 128 + sig
     captured = capsys.readouterr()
     last_done = 2 if at_call in (3, 11) else 1
     assert [c.name for c in T.list_checkpoints(out)] == [f"step-{last_done:06d}"]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == last_done
     assert f"checkpoint of step {last_done}" in captured.err and "resume=auto" in captured.err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+    assert {s: signal.getsignal(s) for s in handlers} == handlers  # the handlers put back as they were
     monkeypatch.undo()
     _resume_and_compare(tiny_model_dir, tiny_data_file, out, uninterrupted)
 
