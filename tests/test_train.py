@@ -400,6 +400,16 @@ def test_command_line_overrides_are_typed():
     ("std_eps=0", "'std_eps'"),
     ("learning_rate=nan", "finite"),
     ("group_size", "must look like key=value"),
+    # the evaluation settings
+    ("eval_samples=0", "'eval_samples' must be an integer >= 1"),
+    ("eval_batch_size=0", "'eval_batch_size' must be an integer >= 1"),
+    ("eval_max_new_tokens=0", "'eval_max_new_tokens' must be an integer >= 1"),
+    ("eval_top_p=0", "'eval_top_p' must be a number in (0, 1]"),
+    ("eval_temperature=0", "'eval_temperature' must be a number > 0"),
+    ("eval_every=-1", "'eval_every' must be an integer >= 0"),
+    ("eval_problems=-1", "'eval_problems' must be an integer >= 0"),
+    ("num_problems=0", "'eval_problems' must be an integer >= 1 when num_problems is 0"),
+    ("eval_problems=two", "'eval_problems' must be int"),
 ])
 def test_bad_config_is_one_line_and_exit_2(override, fragment, capsys):
     assert T.main(["--config", str(ROOT / "config.yaml"), override]) == 2
