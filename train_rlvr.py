@@ -10,7 +10,8 @@ With eval_problems > 0 it also evaluates the model on MATH-500 (greedy by defaul
 and after the last step, and prints a before/after table; num_problems=0 evaluates a model only.
 
 Read top to bottom: config, data and prompt, rollouts, rewards, advantages, log-probabilities and
-loss, optimizer step, logging, evaluation, checkpoints, main.
+loss, optimizer step, logging, evaluation, checkpoints, several processes, main. To follow one step,
+start at train_step (in main): each of the spec's moves is one call, into the sections above.
 """
 
 from __future__ import annotations
@@ -1567,7 +1568,7 @@ def check_stop(local: bool = False, failure: str | None = None) -> None:
     Several processes stop together or not at all: at these points every rank says whether a
     signal reached it or its share failed (a collective), and all of them stop if one did. Points
     that ranks reach a different number of times (decode steps, evaluation batches) check this
-    rank alone (local); an interrupt there waits for the next agreed point (see interruptible)."""
+    rank alone (local); an interrupt there waits for the end of its phase (see agreed)."""
     signum = STOP["signal"] or 0
     if local or RANKS.world == 1:
         if failure:
@@ -1584,6 +1585,43 @@ def check_stop(local: bool = False, failure: str | None = None) -> None:
         raise Interrupted()
 
 
+@contextmanager
+def agreed(phase: str, step: int | None, **facts):
+    """A phase that every rank runs. A fault inside it (CUDA out of memory, unusable scores, a
+    signal at one of its local safe points) becomes its message (fault_message); at its end every
+    rank learns whether any rank failed or was signalled, and they stop together (check_stop).
+    One process: at once."""
+    note(f"step {step}: {phase}" if step is not None else f"the {phase} evaluation")
+    failure = None
+    try:
+        yield
+    except (torch.OutOfMemoryError, NonFiniteScores) as e:
+        failure = fault_message(e, phase, step, **facts)
+    except Interrupted:
+        if RANKS.world == 1:
+            raise
+    check_stop(failure=failure)
+
+
+def fault_message(error: Exception, phase: str, step: int | None, cfg: Config, prompt_tokens: int = 0,
+                  rollouts: int = 0, longest: int = 0) -> str:
+    """What the user reads when a phase cannot go on: every fault's message, in one place."""
+    if isinstance(error, NonFiniteScores):
+        where = f"step {step}" if step is not None else f"the {phase} evaluation"
+        return (f"{where}: {error}; the weights no longer give finite scores (lower learning_rate; "
+                "the checkpoint holds the last completed step)")
+    if phase == "generation":
+        return (f"CUDA out of memory at step {step} while generating {rollouts} rollouts of up to "
+                f"{cfg.max_new_tokens} tokens after a {prompt_tokens}-token prompt; lower max_new_tokens "
+                "or group_size, or set precision: bf16")
+    if phase == "backward":
+        return (f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
+                f"tokens after a {prompt_tokens}-token prompt; lower max_new_tokens, set "
+                "logprob_batch_size: 1 or precision: bf16")
+    return (f"CUDA out of memory in the {phase} evaluation ({cfg.eval_batch_size} problems x {cfg.eval_samples} "
+            f"responses of up to {cfg.eval_max_new_tokens} tokens); lower eval_batch_size or eval_max_new_tokens")
+
+
 def agreed_signal() -> int:
     """The signal that stops the run now, if any: this process's, or (several processes) any rank's."""
     signum = STOP["signal"] or 0
@@ -1591,17 +1629,6 @@ def agreed_signal() -> int:
     if signum:
         STOP["signal"] = signum
     return signum
-
-
-def interruptible(fn, *args):
-    """fn(*args), whose local safe points may raise Interrupted: in one process that stops the run;
-    with several, this rank's share is abandoned and the next check_stop stops every rank."""
-    try:
-        return fn(*args)
-    except Interrupted:
-        if RANKS.world == 1:
-            raise
-        return None
 
 
 def install_signal_handlers() -> dict:
@@ -2419,11 +2446,11 @@ def start_watchdog(silence: float) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# main
-
-# The step. train_step is the spec's step, one call per move; each move's function exchanges with
-# the other processes what it needs (their shares of the group) itself. A fault is raised where it
-# happens and becomes its message in fault_message; run's loop and stop_run handle every stop.
+# main: the step and the loop
+#
+# train_step is the spec's step, one call per move; each move's function exchanges with the other
+# processes what it needs (their shares of the group) itself. A fault is raised where it happens
+# (agreed turns it into its message, fault_message); run's loop ends every early stop in stop_run.
 
 @dataclass
 class Trainer:
@@ -2568,43 +2595,6 @@ class Stopwatch:
     def total(self) -> float:
         self.timings["step"] = self.last - self.start
         return self.timings["step"]
-
-
-@contextmanager
-def agreed(phase: str, step: int | None, **facts):
-    """A phase that every rank runs. A fault inside it (CUDA out of memory, unusable scores, a
-    signal at one of its local safe points) becomes its message (fault_message); at its end every
-    rank learns whether any rank failed or was signalled, and they stop together (check_stop).
-    One process: at once."""
-    note(f"step {step}: {phase}" if step is not None else f"the {phase} evaluation")
-    failure = None
-    try:
-        yield
-    except (torch.OutOfMemoryError, NonFiniteScores) as e:
-        failure = fault_message(e, phase, step, **facts)
-    except Interrupted:
-        if RANKS.world == 1:
-            raise
-    check_stop(failure=failure)
-
-
-def fault_message(error: Exception, phase: str, step: int | None, cfg: Config, prompt_tokens: int = 0,
-                  rollouts: int = 0, longest: int = 0) -> str:
-    """What the user reads when a phase cannot go on: every fault's message, in one place."""
-    if isinstance(error, NonFiniteScores):
-        where = f"step {step}" if step is not None else f"the {phase} evaluation"
-        return (f"{where}: {error}; the weights no longer give finite scores (lower learning_rate; "
-                "the checkpoint holds the last completed step)")
-    if phase == "generation":
-        return (f"CUDA out of memory at step {step} while generating {rollouts} rollouts of up to "
-                f"{cfg.max_new_tokens} tokens after a {prompt_tokens}-token prompt; lower max_new_tokens "
-                "or group_size, or set precision: bf16")
-    if phase == "backward":
-        return (f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
-                f"tokens after a {prompt_tokens}-token prompt; lower max_new_tokens, set "
-                "logprob_batch_size: 1 or precision: bf16")
-    return (f"CUDA out of memory in the {phase} evaluation ({cfg.eval_batch_size} problems x {cfg.eval_samples} "
-            f"responses of up to {cfg.eval_max_new_tokens} tokens); lower eval_batch_size or eval_max_new_tokens")
 
 
 def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
