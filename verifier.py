@@ -1706,7 +1706,7 @@ def _figure_name(toks):
 def _length_name(toks):
     """Key of a segment or figure name, bare (AB, \\overline{AB}, \\angle A) or between bars: |AB|
     is the length of AB. Never a single letter between bars: |x| = 1 says x = 1 or x = -1."""
-    if len(toks) >= 4 and toks[0] == ("op", "|") and toks[-1] == ("op", "|"):
+    if len(toks) >= 3 and toks[0] == ("op", "|") and toks[-1] == ("op", "|"):
         name = _figure_name(toks[1:-1])
         return None if name is None or name.startswith("angle") else name
     return _figure_name(toks)
