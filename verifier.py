@@ -73,7 +73,9 @@ Equivalence policy
     alone, against an exact reference stays wrong.
   * A ratio ``7:32`` (``a:b:c``, ``\\!:\\!`` too) is ordered and compared term by term, never as a
     number: ``7:32`` != ``14:64``, ``7:32`` != ``\\frac{7}{32}``, since ``9:24`` may be a time (so
-    ``05:00`` == ``5:00``, ``9:24`` != ``3:8``); a ratio is never a tuple.
+    ``05:00`` == ``5:00``, ``9:24`` != ``3:8``); a ratio is never a tuple. A word after a ratio
+    is no unit (``8:34 \\text{ a.m.}`` != ``8\\!:\\!34 \\text{ p.m.}`` != ``8:34``): such an answer
+    refuses, and as a reference compares as a string.
   * Tuples and points are ordered; intervals compare both endpoints AND bracket types
     (``[0,3)`` != ``[0,3]`` != ``(0,3)``); ``(a,b)`` is both the point and the open interval;
     unions of intervals compare as unordered sets of pieces; single-variable inequalities become
@@ -1894,7 +1896,9 @@ def _analyze(s):
         if len(it) > 2 and it[0][0] == "text" and it[1] == ("rel", "eq"):
             label = " ".join(it[0][1].lower().split())
             it = it[2:]
-        it = _drop_units(it)
+        if _COLON not in it:
+            # a word after a ratio stays and refuses: 8:34 \text{ a.m.} is not 8:34 p.m.
+            it = _drop_units(it)
         if not it:
             raise _Refuse
         c = _item(it)
