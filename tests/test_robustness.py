@@ -704,6 +704,10 @@ def test_a_too_large_max_new_tokens_is_named_first(tiny_model):
         _check([{"problem": "What is 1 + 1?", "answer": "2"}], tok, max_new_tokens=100000)
     assert str(e.value).endswith("with max_new_tokens 100000 it exceeds the model's context of 2048; lower "
                                  "max_new_tokens, move start_index, or set bad_records: skip")
+    with pytest.raises(T.UserError) as e:  # the advice is for the first record named
+        _check([{"problem": "a", "answer": [2]}, {"problem": "What is 1 + 1?", "answer": "2"}], tok,
+               max_new_tokens=100000)
+    assert str(e.value).endswith("(and 1 more); fix the data, move start_index, or set bad_records: skip")
 
 
 def test_an_eos_token_that_is_not_the_models_is_warned_once(tiny_model, tiny_model_dir, tiny_data_file, tmp_path,
@@ -741,7 +745,7 @@ def _no_network(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", no_network)
 
 
-def test_a_mistyped_model_path_and_the_hub_offline_are_one_line_at_once(tmp_path, capfd, monkeypatch,
+def test_a_mistyped_model_path_and_the_hub_offline_are_one_line_at_once(tmp_path, capfd, caplog, monkeypatch,
                                                                         tiny_data_file):
     """No network and no HF_HUB_OFFLINE: the hub client alone retries for ~50 s (24 lines) per model."""
     import transformers
@@ -770,11 +774,21 @@ def test_a_mistyped_model_path_and_the_hub_offline_are_one_line_at_once(tmp_path
         "it is not in the local hub cache; no network: cannot resolve huggingface.co (Name or service not known); "
         "connect, or set model: to a local folder of the model (config, tokenizer, weights)"]
     assert asked == [("someone/no-such-model", True)]  # the local cache only: no retries
+    assert not [r for r in caplog.records if "Retry" in r.getMessage()]
     assert not (tmp_path / "o").exists()
 
 
-def test_the_default_evaluation_set_offline_is_one_line_naming_a_local_copy(tmp_path, capfd, monkeypatch,
+def test_the_default_evaluation_set_offline_is_one_line_naming_a_local_copy(tmp_path, capfd, caplog, monkeypatch,
                                                                              tiny_model_dir, tiny_data_file):
+    import datasets
+    import huggingface_hub.constants
+
+    asked, real = [], datasets.load_dataset
+
+    def load_dataset(name, **kwargs):
+        asked.append((name, huggingface_hub.constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE))
+        return real(name, **kwargs)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     _no_network(monkeypatch)
     monkeypatch.chdir(ROOT)
     assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "o", "eval_problems=4")) == 2
@@ -783,6 +797,8 @@ def test_the_default_evaluation_set_offline_is_one_line_naming_a_local_copy(tmp_
     assert capfd.readouterr().err.splitlines() == [
         "error: could not load eval_dataset 'HuggingFaceH4/MATH-500': no network: cannot resolve huggingface.co (Name "
         "or service not known); connect to the internet, or download it and set eval_dataset: to the local file" + hint]
+    assert asked == [("HuggingFaceH4/MATH-500", True, True)]  # the local cache only, at once
+    assert not [r for r in caplog.records if "Retry" in r.getMessage()]
     assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "o", "eval_problems=4", "eval_dataset=./m500")) == 2
     assert capfd.readouterr().err.splitlines()[-1].startswith("error: eval_dataset ./m500: no such file or folder")
 
