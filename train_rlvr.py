@@ -443,8 +443,9 @@ def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
                    max_new_tokens: int | None = None, setting: str = "dataset") -> list[dict]:
     """Refuse (bad_records: stop) or leave out (skip) records that cannot be trained on, before
     training begins: a non-text or empty problem, an empty answer or one that is a list, object or
-    boolean (numbers become their text), a prompt that with max_new_tokens does not fit the model's context. The evaluation set goes through the same
-    checks with eval_max_new_tokens (setting: eval_dataset)."""
+    boolean (numbers become their text), a prompt that with max_new_tokens does not fit the
+    model's context. The evaluation set goes through the same checks with eval_max_new_tokens
+    (setting: eval_dataset)."""
     budget, budget_key = (cfg.max_new_tokens, "max_new_tokens") if max_new_tokens is None else (
         max_new_tokens, "eval_max_new_tokens")
     good, bad, too_long = [], [], []
@@ -1696,7 +1697,7 @@ LOG_FILES = ("metrics.jsonl", "rollouts.jsonl")  # a run's logs; every checkpoin
 # started with --config output_dir/config.yaml, or output_dir=. in the repository, must not replace
 # the file it reads). Inside checkpoints/step-N (rlvr's own folder) the copy keeps the name config.yaml.
 RUN_CONFIG = "run_config.yaml"
-RUN_CONFIG_MARK = "# rlvr: the resolved settings of the run in this folder\n"  # a run_config.yaml without it is not ours
+RUN_CONFIG_MARK = "# rlvr: the resolved settings of the run in this folder\n"  # without it: not ours
 RUN_FILES = (*LOG_FILES, RUN_CONFIG, "eval.jsonl", "eval_summary.json")  # what a run writes at the top
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json", "config.yaml", *LOG_FILES)
 MANIFEST = "manifest.json"                       # size and sha256 of every file beside it, written last
@@ -2054,12 +2055,13 @@ def lock_output_dir(out: Path) -> tuple[int, bool]:
 
     if out.exists() and not out.is_dir():
         raise UserError(f"output_dir {out} is a file; choose a folder path for output_dir")
-    created, made_lock = not out.exists(), not (out / LOCK_FILE).exists()
+    made = [p for p in (out, *out.parents) if not p.exists()]  # the folders mkdir makes, deepest first
+    created, made_lock = bool(made), not (out / LOCK_FILE).exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        undo_lock(out, None, created, made_lock)
+        undo_lock(out, None, made, made_lock)
         raise UserError(no_room_message(out) if full_disk(e) else
                         f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir") from None
     try:
@@ -2073,7 +2075,7 @@ def lock_output_dir(out: Path) -> tuple[int, bool]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except OSError as e:  # a full disk (or quota) at the very start: nothing may stay behind
-        undo_lock(out, fd, created, made_lock)
+        undo_lock(out, fd, made, made_lock)
         raise UserError(no_room_message(out) if full_disk(e) else
                         f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir") from None
     return fd, created
@@ -2091,14 +2093,20 @@ def no_room_message(out: Path) -> str:
             "or choose another output_dir")
 
 
-def undo_lock(out: Path, fd: int | None, created: bool, made_lock: bool) -> None:
-    """Take back what a failed lock_output_dir made: the lock file and the folder, if they are new."""
+def undo_lock(out: Path, fd: int | None, made: list[Path], made_lock: bool) -> None:
+    """Take back what a failed lock_output_dir made: the lock file and the folders, if they are new."""
     if fd is not None:
         os.close(fd)
     if made_lock:
-        (out / LOCK_FILE).unlink(missing_ok=True)
-    if created and out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
+        try:
+            (out / LOCK_FILE).unlink()
+        except OSError:  # never made (creating it is what failed)
+            pass
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # not made (mkdir failed), or not empty: left as it is, and its parents too
+            break
 
 
 def prepare_output_dir(cfg: Config) -> OutputDir:
@@ -2163,7 +2171,8 @@ def begin_output(od: OutputDir, cfg: Config) -> None:
                 shutil.copyfile(od.resume_from / name, out / name)
             else:
                 (out / name).unlink(missing_ok=True)
-    (out / RUN_CONFIG).write_text(RUN_CONFIG_MARK + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
+    settings = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True)
+    (out / RUN_CONFIG).write_text(RUN_CONFIG_MARK + settings)
 
 
 def release_output_dir(od: OutputDir) -> None:
