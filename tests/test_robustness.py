@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 import train_rlvr as T
@@ -618,21 +619,15 @@ def test_a_users_config_yaml_in_output_dir_is_never_replaced_nor_deleted(tmp_pat
     assert T.main(["--config", str(out / "config.yaml")]) == 0
     assert (out / "config.yaml").read_text() == mine
     saved = (out / "run_config.yaml").read_text()
-    assert saved.startswith(T.RUN_CONFIG_MARK) and yaml_load(saved)["group_size"] == 4
+    assert saved.startswith(T.RUN_CONFIG_MARK) and yaml.safe_load(saved)["group_size"] == 4
     assert T.main(["--config", str(out / "config.yaml"), "overwrite=true", "max_new_tokens=5"]) == 0  # replaces the run
     assert (out / "config.yaml").read_text() == mine
-    assert yaml_load((out / "run_config.yaml").read_text())["max_new_tokens"] == 5
+    assert yaml.safe_load((out / "run_config.yaml").read_text())["max_new_tokens"] == 5
     (out / "run_config.yaml").write_text("my own notes\n")  # a run_config.yaml rlvr did not write is not replaced
     capsys.readouterr()
     assert T.main(["--config", str(out / "config.yaml"), "overwrite=true"]) == 2
     _one_line_error(capsys, f"output_dir {out} holds a run_config.yaml that rlvr did not write")
     assert (out / "run_config.yaml").read_text() == "my own notes\n" and (out / "config.yaml").read_text() == mine
-
-
-def yaml_load(text):
-    import yaml
-
-    return yaml.safe_load(text)
 
 
 @pytest.mark.parametrize("exists", [False, True])
