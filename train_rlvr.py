@@ -337,6 +337,45 @@ def network_problem(source: str) -> str | None:
     return None
 
 
+def missing_local_path(value: str) -> str | None:
+    """Why a model or data set value that is not on disk is read as a local path, not a hub id (None:
+    it may be a hub id). A hub id is `name` or `org/name`; a path starts with `.`, `/` or `~`, ends
+    with `/`, holds a backslash or more than one `/`, or its first part is a folder here (`runs/dmeo`
+    beside a runs/ folder): such a typo is named at once instead of being sent to the hub."""
+    if Path(value).expanduser().exists() or value.startswith(("http://", "https://")):
+        return None
+    parts = value.split("/")
+    if value.startswith((".", "/", "~")) or value.endswith("/") or "\\" in value or len(parts) > 2:
+        return "read as a path: a hub id is org/name"
+    if len(parts) == 2 and Path(parts[0]).expanduser().is_dir():
+        return f"read as a path, since {parts[0]}/ is a folder here"
+    return None
+
+
+@contextmanager
+def hub_offline(offline: bool):
+    """With no network, the hub libraries read their local cache only and give up at once: no
+    retries, no messages (datasets and huggingface_hub check these flags at each call)."""
+    import huggingface_hub.constants as hub
+
+    flags = [m for m in (hub, sys.modules.get("datasets.config")) if m is not None] if offline else []
+    saved = [m.HF_HUB_OFFLINE for m in flags]
+    for m in flags:
+        m.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        for m, value in zip(flags, saved):
+            m.HF_HUB_OFFLINE = value
+
+
+def local_copy_hint(what: str) -> str:
+    """An offline copy of the default data sets, where the checkout has ../shared/data beside it."""
+    name = {"dataset": "math_train.jsonl.gz", "eval_dataset": "math500_test.json"}.get(what)
+    copy = Path(__file__).resolve().parent.parent / "shared" / "data" / (name or "-")
+    return f", e.g. {what}={min(os.path.relpath(copy), str(copy), key=len)}" if name and copy.is_file() else ""
+
+
 def open_dataset(source: str, split: str, what: str = "dataset"):
     """A datasets.Dataset from a hub name, a URL or a local .json/.jsonl(.gz)/.parquet file;
     every failure a one-line UserError naming the source and the fix."""
@@ -352,15 +391,21 @@ def open_dataset(source: str, split: str, what: str = "dataset"):
         check_data_file(local, what)
     elif builder and not is_url:
         raise UserError(f"{what} file {source} not found; set {what}: to an existing file, a URL or a hub name")
+    elif not is_url and missing_local_path(source):
+        raise UserError(f"{what} {source}: no such file or folder ({missing_local_path(source)}); set {what}: to "
+                        "an existing file or folder, a URL or a hub name")
+    hub_name = not builder and not is_url and not local.exists()
+    offline = network_problem(source) if hub_name else None  # asked once, up front: the hub client would retry
     try:
         if builder:
             return datasets.load_dataset(builder, data_files=source, split="train")
-        return datasets.load_dataset(source, split=split)
+        with hub_offline(offline is not None):  # a cached copy still loads
+            return datasets.load_dataset(source, split=split)
     except Exception as e:  # network, hub or format problems: one line, not a traceback
-        offline = None if local.exists() else network_problem(source)
+        offline = offline or (None if local.exists() else network_problem(source))
         if offline:
             raise UserError(f"could not load {what} {source!r}: {offline}; connect to the internet, or download it "
-                            f"and set {what}: to the local file")
+                            f"and set {what}: to the local file{local_copy_hint(what)}")
         detail = str(e).splitlines()[0] if str(e) else ""
         raise UserError(f"could not load {what} {source!r}: {type(e).__name__}: {detail}")
 
@@ -398,29 +443,38 @@ def build_prompt(template: str, problem: str) -> str:
 def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
                    max_new_tokens: int | None = None, setting: str = "dataset") -> list[dict]:
     """Refuse (bad_records: stop) or leave out (skip) records that cannot be trained on, before
-    training begins: a non-text or empty problem, an empty answer, a prompt that with
-    max_new_tokens does not fit the model's context. The evaluation set goes through the same
-    checks with eval_max_new_tokens (setting: eval_dataset)."""
+    training begins: a non-text or empty problem, an empty answer or one that is a list, object or
+    boolean (numbers become their text), a prompt that with max_new_tokens does not fit the
+    model's context. The evaluation set goes through the same checks with eval_max_new_tokens
+    (setting: eval_dataset)."""
     budget, budget_key = (cfg.max_new_tokens, "max_new_tokens") if max_new_tokens is None else (
         max_new_tokens, "eval_max_new_tokens")
-    good, bad = [], []
+    good, bad, too_long = [], [], []
     for p in problems:
+        answer = p["answer"]
         if not isinstance(p["problem"], str) or not p["problem"].strip():
             bad.append(f"{setting} record {p['index']}: '{cfg.problem_field}' is not a non-empty text")
-        elif p["answer"] is None or str(p["answer"]).strip() == "":
+        elif isinstance(answer, bool) or not isinstance(answer, (str, int, float, type(None))):
+            # str() of a list or a boolean ("['5']", "True") can never match a response: a silent zero reward
+            kind = {bool: "boolean", list: "list", dict: "object"}.get(type(answer), type(answer).__name__)
+            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is a JSON {kind} ({str(answer)[:40]}), "
+                       "not a text or a number (write several answers as one text, e.g. \"3, 5\")")
+        elif answer is None or str(answer).strip() == "":
             bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is empty")
         else:
             ids = tokenizer(build_prompt(cfg.prompt_template, p["problem"]), add_special_tokens=False)["input_ids"]
             n = len(ids)
             if n + budget > context:
+                too_long.append(len(bad))
                 bad.append(f"{setting} record {p['index']}: its prompt has {n} tokens, and with {budget_key} "
                            f"{budget} it exceeds the model's context of {context}")
             else:
-                good.append(dict(p, answer=str(p["answer"]), prompt_ids=ids))
+                good.append(dict(p, answer=str(answer), prompt_ids=ids))
     if bad and cfg.bad_records == "stop":
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        move = "move start_index" if setting == "dataset" else f"lower {budget_key}"
-        raise UserError(f"{bad[0]}{more}; fix the data, {move}, or set bad_records: skip")
+        first = f"lower {budget_key}" if too_long[:1] == [0] else "fix the data"  # the fix for bad[0] comes first
+        move = ", move start_index" if setting == "dataset" else ""
+        raise UserError(f"{bad[0]}{more}; {first}{move}, or set bad_records: skip")
     for msg in bad:
         progress(f"skipping {msg}")
     if not good:
@@ -1647,7 +1701,12 @@ def install_signal_handlers() -> dict:
 
 
 LOG_FILES = ("metrics.jsonl", "rollouts.jsonl")  # a run's logs; every checkpoint holds a copy
-RUN_FILES = (*LOG_FILES, "config.yaml", "eval.jsonl", "eval_summary.json")  # what a run writes at the top
+# The resolved settings at the top of output_dir. Not config.yaml: that name is the user's (a run
+# started with --config output_dir/config.yaml, or output_dir=. in the repository, must not replace
+# the file it reads). Inside checkpoints/step-N (rlvr's own folder) the copy keeps the name config.yaml.
+RUN_CONFIG = "run_config.yaml"
+RUN_CONFIG_MARK = "# rlvr: the resolved settings of the run in this folder\n"  # without it: not ours
+RUN_FILES = (*LOG_FILES, RUN_CONFIG, "eval.jsonl", "eval_summary.json")  # what a run writes at the top
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json", "config.yaml", *LOG_FILES)
 MANIFEST = "manifest.json"                       # size and sha256 of every file beside it, written last
 LOCK_FILE = ".rlvr.lock"
@@ -1966,6 +2025,17 @@ def foreign_files(out: Path) -> list[Path]:
     return found
 
 
+def own_run_config(out: Path) -> bool:
+    """Whether output_dir's run_config.yaml, if there is one, is one rlvr wrote (its first line is ours)."""
+    try:
+        with open(out / RUN_CONFIG, encoding="utf-8", errors="replace") as f:
+            return f.readline() == RUN_CONFIG_MARK
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
 def remove_own_files(folder: Path) -> None:
     """Delete the files folder's manifest lists and the manifest, then the folder if nothing else
     is in it: whatever rlvr did not write itself stays."""
@@ -1993,12 +2063,15 @@ def lock_output_dir(out: Path) -> tuple[int, bool]:
 
     if out.exists() and not out.is_dir():
         raise UserError(f"output_dir {out} is a file; choose a folder path for output_dir")
-    created = not out.exists()
+    made = [p for p in (out, *out.parents) if not p.exists()]  # the folders mkdir makes, deepest first
+    created, made_lock = bool(made), not (out / LOCK_FILE).exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise UserError(f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir") from None
+        undo_lock(out, None, made, made_lock)
+        raise UserError(no_room_message(out) if full_disk(e) else
+                        f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -2006,9 +2079,42 @@ def lock_output_dir(out: Path) -> tuple[int, bool]:
         os.close(fd)
         raise UserError(f"output_dir {out} is in use by another run (pid {holder}); wait for it to finish or "
                         "choose another output_dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:  # a full disk (or quota) at the very start: nothing may stay behind
+        undo_lock(out, fd, made, made_lock)
+        raise UserError(no_room_message(out) if full_disk(e) else
+                        f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir") from None
     return fd, created
+
+
+def full_disk(e: OSError) -> bool:
+    import errno
+
+    return e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_room_message(out: Path) -> str:
+    return (f"no space left in output_dir {out} (not even for its lock file {LOCK_FILE}): a full run of "
+            "Qwen3-0.6B in float32 needs about 24 GB (checkpoints of 7.2 GB each, see the README); free some space "
+            "or choose another output_dir")
+
+
+def undo_lock(out: Path, fd: int | None, made: list[Path], made_lock: bool) -> None:
+    """Take back what a failed lock_output_dir made: the lock file and the folders, if they are new."""
+    if fd is not None:
+        os.close(fd)
+    if made_lock:
+        try:
+            (out / LOCK_FILE).unlink()
+        except OSError:  # never made (creating it is what failed)
+            pass
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # not made (mkdir failed), or not empty: left as it is, and its parents too
+            break
 
 
 def prepare_output_dir(cfg: Config) -> OutputDir:
@@ -2030,6 +2136,9 @@ def prepare_output_dir(cfg: Config) -> OutputDir:
         if ckpt is None and holds and not (cfg.overwrite or cfg.resume == "auto"):
             raise UserError(f"output_dir {out} already holds a run ({', '.join(holds)}); resume it with "
                             "resume=auto, choose another output_dir, or pass overwrite=true")
+        if not own_run_config(out):
+            raise UserError(f"output_dir {out} holds a {RUN_CONFIG} that rlvr did not write (rlvr writes its settings "
+                            "there); move it away or choose another output_dir")
         replace = bool(holds) and (ckpt is None or ckpt.resolve().parent != (out / "checkpoints").resolve())
         foreign = foreign_files(out) if replace else []
         if foreign:
@@ -2070,7 +2179,8 @@ def begin_output(od: OutputDir, cfg: Config) -> None:
                 shutil.copyfile(od.resume_from / name, out / name)
             else:
                 (out / name).unlink(missing_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
+    settings = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True)
+    (out / RUN_CONFIG).write_text(RUN_CONFIG_MARK + settings)
 
 
 def release_output_dir(od: OutputDir) -> None:
@@ -2603,16 +2713,25 @@ def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
 
     hf_logging.disable_progress_bar()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    if missing_local_path(cfg.model):
+        raise UserError(f"model {cfg.model}: no such folder ({missing_local_path(cfg.model)}); set model: to a "
+                        "local model folder or a hub id")
+    # no network: asked once, up front; then only the local hub cache is read (the hub client would retry ~50 s)
+    offline = None if Path(cfg.model).expanduser().exists() else network_problem("https://huggingface.co")
+    local = {"local_files_only": True} if offline else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model, revision=cfg.revision)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model, revision=cfg.revision, **local)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, dtype=dtype, **local)
     except Exception as e:  # missing, unreachable, truncated or foreign files: one line, not a traceback
         detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         hint = "set model: to a hub id or a local folder"
-        if not Path(cfg.model).exists() and network_problem("https://huggingface.co"):
-            hint = f"{network_problem('https://huggingface.co')}; connect, or set model: to a local folder"
+        if offline:
+            detail = "it is not in the local hub cache"
+            hint = f"{offline}; connect, or set model: to a local folder of the model (config, tokenizer, weights)"
         raise UserError(f"could not load model {cfg.model!r} at revision {cfg.revision!r}: {detail}; {hint}") from None
-    return shard_model(model, device).eval(), tokenizer, resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
+    eos_id = resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
+    warn_if_not_model_eos(model, tokenizer, cfg, eos_id)
+    return shard_model(model, device).eval(), tokenizer, eos_id
 
 
 def resolve_eos_id(tokenizer, cfg: Config, vocab_size: int) -> int:
@@ -2621,6 +2740,17 @@ def resolve_eos_id(tokenizer, cfg: Config, vocab_size: int) -> int:
     if eos_id is None or eos_id >= vocab_size or tokenizer.convert_ids_to_tokens(eos_id) != cfg.eos_token:
         raise UserError(f"eos_token {cfg.eos_token!r} is not a token of {cfg.model}; set eos_token to its EOS")
     return eos_id
+
+
+def warn_if_not_model_eos(model, tokenizer, cfg: Config, eos_id: int) -> None:
+    """eos_token is a real token but not one the model ends its texts with: every rollout would run to
+    max_new_tokens. Allowed (a prompt format may stop at its own marker), but said once."""
+    ends = getattr(model.generation_config, "eos_token_id", None)
+    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+    if ends and eos_id not in ends:
+        names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} (id {i})" for i in ends)
+        progress(f"warning: eos_token {cfg.eos_token!r} (id {eos_id}) is not the EOS of {cfg.model}'s generation "
+                 f"config ({names}); rollouts that never produce it run to max_new_tokens")
 
 
 def available_memory(device: torch.device) -> int:
@@ -2671,6 +2801,10 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except UserError as e:
         report_error(e)
+        if RANKS.world == 1 and process_rank() != 0:
+            # torchrun, before the process group: every rank hit this and only rank 0 says it. torchrun
+            # kills the other workers as soon as one exits, so the silent ranks give rank 0 time to print.
+            time.sleep(3.0)
         return 2
     except KeyboardInterrupt:  # before training started (the signal handlers take over after that)
         if process_rank() == 0:
@@ -2879,7 +3013,7 @@ def stop_code() -> int:
 
 def evaluate_only(cfg: Config, device: torch.device, precision: str, od: OutputDir, eval_set: list[dict]) -> int:
     """num_problems 0: evaluate `model` once, as it is (phase "model"). No optimizer, no training data,
-    no training outputs: output_dir gets config.yaml, eval.jsonl and eval_summary.json."""
+    no training outputs: output_dir gets run_config.yaml, eval.jsonl and eval_summary.json."""
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     progress(f"loading {cfg.model} on {device} ({precision}) for evaluation only")

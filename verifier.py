@@ -48,11 +48,19 @@ Equivalence policy
     variable with a constant right side, a function like ``f(x)`` or ``f(2)``, a tuple of
     variables, a segment, angle or figure name with one constant right side (``AB = 4``,
     ``\\overline{AB}``, ``\\angle ABC``, ``m\\angle A``; 2 to 4 capitals, ``BA`` the same as ``AB``;
-    ``xy = 4`` and ``AB = 2x`` stay equations), or a ``\\text{}`` word (``\\text{Area} = 12``). A
+    ``xy = 4`` and ``AB = 2x`` stay equations), or a ``\\text{}`` word (``\\text{Area} = 12``);
+    also, with a constant right side, a length ``|AB|`` (``|x| = 1`` stays an equation: x is 1 or
+    -1), a fraction of two figure names or lengths (``\\frac{NO}{BO} = \\frac{1}{\\sqrt6}`` or
+    ``NO/BO``, the ratio NO:BO; ``\\frac{x}{y} = 2`` stays an equation) and a ratio of names, each a
+    variable (subscripted too) or a figure name or length (``A:B = 1``, ``V_{1}:V_{2} = 11:21``,
+    ``S_{MBCN}:S = 7:32``, ``PA:AB = 3:1``; the right side one value or a ratio of as many terms:
+    ``A:B = 1:2:3`` refuses; ``2A:B``, ``ab:c`` are no names). A
     single answer drops its label (``y = 5`` == ``5``) and so does a list compared with an
     unlabelled one (``AB = 4, CD = 5`` == ``4, 5``); in lists, labels pair values with
     quantities, so where both parts carry a label the labels must agree (``x = 1, y = 2`` !=
-    ``x = 2, y = 1``, ``AB = 4, CD = 5`` != ``AB = 5, CD = 4``). ``k = -\\frac{33}{2} = -16.5`` is
+    ``x = 2, y = 1``, ``AB = 4, CD = 5`` != ``AB = 5, CD = 4``). Two labels that name ratios must
+    agree even alone, a reversed ratio being the usual slip: ``A:B = 2:3`` != ``B:A = 2:3``,
+    ``\\frac{NO}{BO} = \\frac12`` != ``\\frac{BO}{NO} = \\frac12``. ``k = -\\frac{33}{2} = -16.5`` is
     accepted because all parts agree; a chain whose parts disagree (``5=3``, ``x=5=3``) is a
     false statement and wrong.
   * An exact value followed by an approximation (``\\frac{\\sqrt3}{3} \\approx 0.577``,
@@ -63,6 +71,11 @@ Equivalence policy
     ``0.578`` do not. A wrong rounding makes the whole answer wrong. Checked up to 30 digits
     after the point and values below 10^15, else refused. ``x \\approx 11`` alone, or the decimal
     alone, against an exact reference stays wrong.
+  * A ratio ``7:32`` (``a:b:c``, ``\\!:\\!`` too) is ordered and compared term by term, never as a
+    number: ``7:32`` != ``14:64``, ``7:32`` != ``\\frac{7}{32}``, since ``9:24`` may be a time (so
+    ``05:00`` == ``5:00``, ``9:24`` != ``3:8``); a ratio is never a tuple. A word after a ratio
+    is no unit (``8:34 \\text{ a.m.}`` != ``8\\!:\\!34 \\text{ p.m.}`` != ``8:34``): such an answer
+    refuses, and as a reference compares as a string.
   * Tuples and points are ordered; intervals compare both endpoints AND bracket types
     (``[0,3)`` != ``[0,3]`` != ``(0,3)``); ``(a,b)`` is both the point and the open interval;
     unions of intervals compare as unordered sets of pieces; single-variable inequalities become
@@ -76,7 +89,10 @@ Equivalence policy
     comma, at the top level and inside brackets (``1; 2`` == ``1, 2``, ``(1; 2)`` == ``(1, 2)``,
     ``[0; 3)`` == ``[0,3)``), but where semicolons separate, a comma may be a decimal mark: no
     comma groups thousands then, and a level that mixes the two separators is refused
-    (``1,5; 2``, ``(1,5; 2)``, ``1,000; 2``).
+    (``1,5; 2``, ``(1,5; 2)``, ``1,000; 2``), except solutions written as groups of labelled
+    values: ``p=5,q=2;p=7,q=2`` is the list of tuples ``(5,2), (7,2)``, each group the tuple of
+    its values in the order written, as ``(p,q) = (5,2)`` is; every value a constant, the same
+    single-variable labels in the same order in every group (``p=5,q=2;q=2,p=7`` refuses).
   * Matrices (``pmatrix``, ``bmatrix``, ``matrix``, ``array``) compare entry by entry; a single
     row or column matrix also equals the tuple of its entries.
   * Numbers with a base subscript (``204_5``) equal only the same value in the same base.
@@ -91,7 +107,8 @@ Safety (bounded by construction)
     Caps: response 32768 chars (tail kept), answer 2000 chars, 600 tokens, nesting depth 40,
     1500 tree nodes, 300-digit literals, exact results up to 12000 bits, integer exponents whose
     result would exceed that are refused (never computed), factorials up to 1000!, irrational
-    magnitudes within 10^±4000, trig arguments up to 10^6, 16 variables, 64 list items.
+    magnitudes within 10^±4000, trig arguments up to 10^6, 16 variables, 64 list items (and 64
+    terms of a ratio).
     Anything beyond a cap, any unknown command (``\\int``, ``\\sum``, ``\\lim``, ...) and any
     control character is refused: the answer scores 0. No randomness and no dependence on hash
     order: same input, same output in every process. ``TimedVerifier`` adds a hard wall-clock
@@ -540,7 +557,7 @@ def _tokenize(s, toks=None):
             toks.append(("rel", "lt"))
         elif c == ">":
             toks.append(("rel", "gt"))
-        elif c in "+-*/^_()[]{},;|!&":
+        elif c in "+-*/^_()[]{},;:|!&":
             toks.append(("op", c))
         else:
             toks.append(("bad", c))
@@ -576,6 +593,7 @@ def _num_value(val):
 #   ('pm', a_or_None, b, 'pm'|'mp') ('seq', lb, rb, items) ('set', items) ('mat', rows)
 #   ('based', base, value)
 _SEPARATORS = (("op", ","), ("op", ";"))
+_COLON = ("op", ":")
 _OPENERS = {("op", "("), ("op", "["), ("op", "{"), ("lset", None)}
 _CLOSERS = {("op", ")"), ("op", "]"), ("op", "}"), ("rset", None)}
 
@@ -1445,7 +1463,7 @@ def _canon_vars(c):
         return _vars(c[1])
     if k == "lab":
         return _canon_vars(c[2])
-    if k in ("uset", "union"):
+    if k in ("uset", "union", "ratio"):
         out = frozenset()
         for it in c[1]:
             out |= _canon_vars(it)
@@ -1527,6 +1545,17 @@ def _simple_lhs(toks):
 
 
 def _union_or_expr(toks):
+    if _COLON in toks:
+        # 7:32 is a ratio, compared term by term like a tuple and never a number: 9:24 may
+        # be a time, so 14:64 != 7:32 and \frac{7}{32} != 7:32
+        terms, _ = _split_top(toks, lambda t: t == _COLON)
+        if len(terms) > 1:
+            if len(terms) > MAX_ITEMS:
+                raise _Refuse
+            cs = tuple(_canon(_parse(t)) for t in terms)
+            if any(c[0] != "expr" for c in cs):
+                raise _Refuse
+            return ("ratio", cs)
     pieces, _ = _split_top(toks, lambda t: t[0] == "cup")
     if len(pieces) > 1:
         cs = []
@@ -1676,6 +1705,75 @@ def _figure_name(toks):
     return prefix + min(name, name[::-1])
 
 
+def _length_name(toks):
+    """Key of a segment or figure name, bare (AB, \\overline{AB}, \\angle A) or between bars: |AB|
+    is the length of AB. Never a single letter between bars: |x| = 1 says x = 1 or x = -1."""
+    if len(toks) >= 3 and toks[0] == ("op", "|") and toks[-1] == ("op", "|"):
+        name = _figure_name(toks[1:-1])
+        return None if name is None or name.startswith("angle") else name
+    return _figure_name(toks)
+
+
+def _brace_groups(toks, i):
+    """The token lists of the {...} groups from toks[i] to the end, or None."""
+    groups = []
+    while i < len(toks):
+        if toks[i] != ("op", "{"):
+            return None
+        depth, j = 0, i
+        while True:
+            if toks[j] == ("op", "{"):
+                depth += 1
+            elif toks[j] == ("op", "}"):
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+            if j == len(toks):
+                return None
+        groups.append(toks[i + 1:j])
+        i = j + 1
+    return groups
+
+
+def _quantity_name(toks):
+    """(key, terms) of a label that names a quantity other than by one variable, or None: a
+    figure name or length (AB, |AB|, \\angle ABC; 1 term), a fraction of two of them
+    (\\frac{NO}{BO} or NO/BO, the ratio NO:BO; 1 term), or a ratio of names, each a variable
+    (x, V_{1}, S_{MBCN}, \\alpha) or a figure name or length (A:B, PA:AB; one term per name).
+    A ratio's key is the tuple ('ratio', names), apart from every other label's string."""
+    if _COLON in toks:
+        terms, _ = _split_top(toks, lambda t: t == _COLON)
+        if len(terms) > MAX_ITEMS:
+            raise _Refuse
+        keys = []
+        for t in terms:
+            keys.append(_parse(t)[1] if _simple_lhs(t) == "var" else _length_name(t))
+            if keys[-1] is None:
+                return None
+        return ("ratio", tuple(keys)), len(terms)
+    name = _length_name(toks)
+    if name is not None:
+        return name, 1
+    if toks[:1] == [("cmd", "frac")]:
+        pair = _brace_groups(toks, 1)
+    else:
+        pair, _ = _split_top(toks, lambda t: t == ("op", "/"))
+    if pair is None or len(pair) != 2:
+        return None
+    keys = [_length_name(t) for t in pair]
+    if None in keys:
+        return None  # \frac{x}{y} = 2 stays an equation: x = 2y
+    return ("ratio", tuple(keys)), 1
+
+
+def _label_value(c, terms):
+    """A label's constant right side: one value, or a ratio of as many terms as the label's."""
+    if _canon_vars(c):
+        return False
+    return c[0] == "expr" or c[0] == "ratio" and terms > 1 and len(c[1]) == terms
+
+
 def _label_key(toks, kind):
     if kind == "var":
         return _parse(toks)[1]
@@ -1696,12 +1794,13 @@ def _equality(parts):
     lhs_kind = _simple_lhs(parts[0])
     if lhs_kind is None:
         # AB = 4 names a length, not the product A*B, when what it equals is one constant; with
-        # variables on the right it stays an equation (AB = 2x), and a set or tuple refuses
-        name = _figure_name(parts[0])
-        if name is not None:
+        # variables on the right it stays an equation (AB = 2x), and a set or tuple refuses. So
+        # do |AB|, \frac{NO}{BO} and a ratio of names (S_{MBCN}:S = 7:32, A:B = 1)
+        named = _quantity_name(parts[0])
+        if named is not None:
             cs = [_union_or_expr(v) for v in parts[1:]]
-            if all(c[0] == "expr" and not _canon_vars(c) for c in cs):
-                return ("lab", name, _agreeing(cs))
+            if all(_label_value(c, named[1]) for c in cs):
+                return ("lab", named[0], _agreeing(cs))
     vals = parts[1:] if lhs_kind else parts
     if lhs_kind and len(vals) == 1:
         c = _union_or_expr(vals[0])
@@ -1749,6 +1848,30 @@ def _drop_units(toks):
     return out
 
 
+def _solution_groups(toks):
+    """p = 5, q = 2; p = 7, q = 2: semicolons separate solutions, commas the labelled values of
+    one, each solution the tuple of its values in the order written, as (p,q) = (5,2) is: the
+    list (5,2), (7,2). Every value a constant with a variable's label, the same labels in the same
+    order in every group; anything else mixes two separators (1,5; 2) and refuses."""
+    names, out = None, []
+    for group in _split_top(toks, lambda t: t == ("op", ";"))[0]:
+        labels, values = [], []
+        for it in _split_top(group, lambda t: t == ("op", ","))[0]:
+            parts, seps = _split_top(it, lambda t: t[0] == "rel")
+            if seps != [("rel", "eq")] or _simple_lhs(parts[0]) != "var":
+                raise _Refuse
+            labels.append(_parse(parts[0])[1])
+            c = _union_or_expr(_drop_units(parts[1]))
+            if c[0] != "expr" or _canon_vars(c):
+                raise _Refuse
+            values.append(c)
+        if len(labels) < 2 or len(set(labels)) < len(labels) or names not in (None, labels):
+            raise _Refuse
+        names = labels
+        out.append(("lab", "(" + ",".join(labels) + ")", ("seq", "(", ")", tuple(values))))
+    return ("uset", tuple(out))
+
+
 def _analyze(s):
     c = _clean(s)
     if not c:
@@ -1762,8 +1885,10 @@ def _analyze(s):
     if any(t[0] == "bad" for t in toks):
         raise _Refuse
     items, seps = _split_top(toks, lambda t: t in _SEPARATORS)
-    if len(items) > MAX_ITEMS or len(set(seps)) > 1:
+    if len(items) > MAX_ITEMS:
         raise _Refuse
+    if len(set(seps)) > 1:
+        return _solution_groups(toks)
     canons = []
     for it in items:
         # \text{area} = 12: a word naming the quantity is a label, like x in x = 12
@@ -1771,7 +1896,9 @@ def _analyze(s):
         if len(it) > 2 and it[0][0] == "text" and it[1] == ("rel", "eq"):
             label = " ".join(it[0][1].lower().split())
             it = it[2:]
-        it = _drop_units(it)
+        if _COLON not in it:
+            # a word after a ratio stays and refuses: 8:34 \text{ a.m.} is not 8:34 p.m.
+            it = _drop_units(it)
         if not it:
             raise _Refuse
         c = _item(it)
@@ -1851,12 +1978,18 @@ def _same_part(a, b):
     return _same(a, b)
 
 
+def _ratio_label(c):
+    return isinstance(c[1], tuple)
+
+
 def _same(a, b):
     ka, kb = a[0], b[0]
     # A label names the quantity: alone it is presentation (x = 5 == y = 5 == 5). In lists,
     # labels pair values with quantities: where both parts carry one, the labels must agree
     # (x = 1, y = 2 != x = 2, y = 1; AB = 4, CD = 5 == 4, 5). A greedy match under this rule
     # can miss a pairing (a false negative) but never accepts a wrong one.
+    if ka == "lab" and kb == "lab" and a[1] != b[1] and _ratio_label(a) and _ratio_label(b):
+        return False  # A:B = 2:3 != B:A = 2:3: two ratio labels must agree even alone
     if ka == "lab":
         return _same(a[2], b)
     if kb == "lab":
@@ -1871,6 +2004,8 @@ def _same(a, b):
         u, o = (a, b) if ka == "uset" else (b, a)
         items = _dedup(_unlabelled(u[1]))
         return len(items) == 1 and _same(items[0], o)
+    if ka == "ratio" and kb == "ratio":
+        return len(a[1]) == len(b[1]) and all(_same(x, y) for x, y in zip(a[1], b[1]))
     if ka == "seq" and kb == "seq":
         return (a[1] == b[1] and a[2] == b[2] and len(a[3]) == len(b[3])
                 and all(_same(x, y) for x, y in zip(a[3], b[3])))

@@ -333,7 +333,7 @@ def test_before_and_after_on_a_tiny_model_whose_accuracy_moves(moved):
 
     # every number of the table and of eval_summary.json, recomputed from eval.jsonl
     summary = json.loads((moved.out / "eval_summary.json").read_text())
-    cfg = T.Config(**yaml.safe_load((moved.out / "config.yaml").read_text()))
+    cfg = T.Config(**yaml.safe_load((moved.out / "run_config.yaml").read_text()))
     assert summary == json.loads(json.dumps(T.eval_summary(records, cfg)))
     table = moved.stdout[moved.stdout.index("evaluation: "):].splitlines()
     cells = {re.split(r"\s{2,}", l)[0]: re.split(r"\s{2,}", l) for l in table[1:] if "  " in l}
@@ -445,7 +445,7 @@ def test_evaluation_only_writes_its_three_files_and_builds_no_optimizer(tiny_mod
             f"eval_dataset={eval_data / 'eval.json'}"]
     assert T.main(args) == 0
     captured = capsys.readouterr()
-    assert sorted(p.name for p in out.iterdir()) == [T.LOCK_FILE, "config.yaml", "eval.jsonl", "eval_summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [T.LOCK_FILE, "eval.jsonl", "eval_summary.json", "run_config.yaml"]
     records = _records(out)
     assert [(r["phase"], r["step"], r["problem_index"]) for r in records] == [("model", None, i) for i in range(4)]
     assert all(r["status"] in ("wrong", "no_answer") and r["tokens"] <= 3 for r in records)  # the real verifier

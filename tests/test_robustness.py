@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 import train_rlvr as T
@@ -151,9 +152,11 @@ def test_the_default_job_reaches_the_network_with_only_the_declared_requirements
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     err = proc.stderr.strip().splitlines()[-1]
     assert result["code"] == 2 and "Traceback" not in proc.stderr, proc.stderr
+    copy = ", e.g. dataset=../shared/data/math_train.jsonl.gz" if (SHARED / "data" / "math_train.jsonl.gz").is_file() \
+        else ""  # the offline copy beside the checkout, where there is one
     assert err == (f"error: could not load dataset {T.MATH_TRAIN_URL!r}: no network: cannot resolve "
                    "raw.githubusercontent.com (Name or service not known); connect to the internet, or download "
-                   "it and set dataset: to the local file")
+                   "it and set dataset: to the local file" + copy)
     closure = _closure(_requirements())
     missing = [d for d in result["distributions"] if _canonical(d) not in closure]
     assert not missing, f"the default job imported {missing}, which requirements.txt does not bring"
@@ -237,7 +240,7 @@ def test_overwrite_deletes_nothing_before_the_data_and_model_have_loaded(finishe
     assert T.main(_args(tiny_model_dir, tmp_path / "typo.json", out, "overwrite=true")) == 2
     _one_line_error(capsys, "typo.json not found")
     assert T.main(_args(tmp_path / "no-model", tiny_data_file, out, "overwrite=true")) == 2
-    _one_line_error(capsys, "could not load model")
+    _one_line_error(capsys, f"model {tmp_path / 'no-model'}: no such folder")
     assert _snapshot(out) == before
 
 
@@ -598,3 +601,221 @@ def test_a_faulty_compiled_decoder_falls_back_to_eager_with_the_difference(tiny_
     healthy = T.static_decoder(model, T.nullcontext())
     assert rollouts() == eager and healthy.checked and not T.COMPILE_FAILED  # an honest compile passes
     T._STATIC_DECODERS.clear()
+
+
+# ----------------------------------------------------------------------------------------------
+# 9. What a start never does: replace the user's config.yaml, leave a lock behind on a full disk,
+#    share the lock, score a list answer 0 forever, ask the hub for a path, or stop only at the limit
+
+
+def test_a_users_config_yaml_in_output_dir_is_never_replaced_nor_deleted(tmp_path, capsys, tiny_model_dir,
+                                                                        tiny_data_file):
+    out = tmp_path / "exp1"
+    out.mkdir()
+    mine = (f"# my experiment: keep these comments\nmodel: {tiny_model_dir}  # the tiny one\n"
+            f"dataset: {tiny_data_file}\ndevice: cpu\noutput_dir: {out}\ngroup_size: 4\nmax_new_tokens: 6\n"
+            "num_problems: 1\n")
+    (out / "config.yaml").write_text(mine)
+    assert T.main(["--config", str(out / "config.yaml")]) == 0
+    assert (out / "config.yaml").read_text() == mine
+    saved = (out / "run_config.yaml").read_text()
+    assert saved.startswith(T.RUN_CONFIG_MARK) and yaml.safe_load(saved)["group_size"] == 4
+    assert T.main(["--config", str(out / "config.yaml"), "overwrite=true", "max_new_tokens=5"]) == 0  # replaces the run
+    assert (out / "config.yaml").read_text() == mine
+    assert yaml.safe_load((out / "run_config.yaml").read_text())["max_new_tokens"] == 5
+    (out / "run_config.yaml").write_text("my own notes\n")  # a run_config.yaml rlvr did not write is not replaced
+    capsys.readouterr()
+    assert T.main(["--config", str(out / "config.yaml"), "overwrite=true"]) == 2
+    _one_line_error(capsys, f"output_dir {out} holds a run_config.yaml that rlvr did not write")
+    assert (out / "run_config.yaml").read_text() == "my own notes\n" and (out / "config.yaml").read_text() == mine
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_full_disk_at_the_lock_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch, tiny_model_dir,
+                                                                 tiny_data_file, exists):
+    import errno
+
+    out = tmp_path / "full" / "run"
+    if exists:
+        out.mkdir(parents=True)
+
+    def no_space(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "pwrite", no_space)
+    assert T.main(_args(tiny_model_dir, tiny_data_file, out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: no space left in output_dir {out} (not even for its lock file .rlvr.lock): a full run of "
+                   "Qwen3-0.6B in float32 needs about 24 GB (checkpoints of 7.2 GB each, see the README); free some "
+                   "space or choose another output_dir"]
+    assert out.exists() == exists and (not exists or list(out.iterdir()) == [])
+    assert (tmp_path / "full").exists() == exists  # every folder this start made is taken back, none other
+
+
+def test_the_output_dir_lock_is_exclusive_when_the_product_takes_it_twice(tmp_path):
+    out = tmp_path / "run"
+    fd, created = T.lock_output_dir(out)
+    try:
+        assert created
+        with pytest.raises(T.UserError, match=rf"output_dir {re.escape(str(out))} is in use by another run "
+                                              rf"\(pid {os.getpid()}\)"):
+            T.lock_output_dir(out)  # the same lock again, on its own open file (as another process would): refused
+        assert (out / T.LOCK_FILE).read_text() == f"{os.getpid()}\n"  # the refused second take changed nothing
+    finally:
+        os.close(fd)
+    fd, created = T.lock_output_dir(out)  # released: free again
+    os.close(fd)
+    assert not created
+
+
+def _check(problems, tokenizer, **settings):
+    return T.check_problems([dict(p, index=i) for i, p in enumerate(problems)], T.Config(**settings), tokenizer, 2048)
+
+
+def test_list_and_boolean_answers_are_refused_numbers_still_work(tiny_model, tmp_path, capsys, tiny_model_dir):
+    _, tok = tiny_model
+    good = _check([{"problem": "1+4?", "answer": 5}, {"problem": "half?", "answer": 0.5},
+                   {"problem": "x", "answer": "7"}], tok)
+    assert [p["answer"] for p in good] == ["5", "0.5", "7"]
+    with pytest.raises(T.UserError) as e:
+        _check([{"problem": "a", "answer": "1"}, {"problem": "b", "answer": ["5"]}, {"problem": "c", "answer": True}],
+               tok)
+    assert str(e.value) == ("dataset record 1: 'answer' is a JSON list (['5']), not a text or a number (write several "
+                            "answers as one text, e.g. \"3, 5\") (and 1 more); fix the data, move start_index, or set "
+                            "bad_records: skip")
+    with pytest.raises(T.UserError, match=r"^eval_dataset record 0: 'answer' is a JSON boolean \(False\), .*; fix the "
+                                          r"data, or set bad_records: skip$"):
+        T.check_problems([{"index": 0, "problem": "p", "answer": False}], T.Config(), tok, 2048, 64, "eval_dataset")
+    kept = _check([{"problem": "a", "answer": ["5"]}, {"problem": "b", "answer": 3},
+                   {"problem": "c", "answer": {"x": 1}}], tok, bad_records="skip")
+    assert [(p["index"], p["answer"]) for p in kept] == [(1, "3")]
+    assert "skipping dataset record 2: 'answer' is a JSON object ({'x': 1})" in capsys.readouterr().err
+    data = tmp_path / "lists.json"  # through datasets, as a user's file arrives
+    data.write_text(json.dumps([{"problem": f"p{i}", "answer": [str(i)]} for i in range(3)]))
+    assert T.main(_args(tiny_model_dir, data, tmp_path / "o")) == 2
+    _one_line_error(capsys, "dataset record 0: 'answer' is a JSON list (['0'])", "(and 2 more)")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_too_large_max_new_tokens_is_named_first(tiny_model):
+    _, tok = tiny_model
+    with pytest.raises(T.UserError) as e:
+        _check([{"problem": "What is 1 + 1?", "answer": "2"}], tok, max_new_tokens=100000)
+    assert str(e.value).endswith("with max_new_tokens 100000 it exceeds the model's context of 2048; lower "
+                                 "max_new_tokens, move start_index, or set bad_records: skip")
+    with pytest.raises(T.UserError) as e:  # the advice is for the first record named
+        _check([{"problem": "a", "answer": [2]}, {"problem": "What is 1 + 1?", "answer": "2"}], tok,
+               max_new_tokens=100000)
+    assert str(e.value).endswith("(and 1 more); fix the data, move start_index, or set bad_records: skip")
+
+
+def test_an_eos_token_that_is_not_the_models_is_warned_once(tiny_model, tiny_model_dir, tiny_data_file, tmp_path,
+                                                           capsys):
+    model, tok = tiny_model
+    other = tok.convert_ids_to_tokens(5)
+    assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "a", "num_problems=1", f"eos_token={other}")) == 0
+    warnings = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning: eos_token")]
+    assert warnings == [f"warning: eos_token {other!r} (id 5) is not the EOS of {tiny_model_dir}'s generation config "
+                        "('<|endoftext|>' (id 0)); rollouts that never produce it run to max_new_tokens"]
+    assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "b", "num_problems=1")) == 0
+    assert "warning: eos_token" not in capsys.readouterr().err
+    model.generation_config.eos_token_id = [0, 5]  # a list of ends (e.g. an instruct model's two)
+    T.warn_if_not_model_eos(model, tok, T.Config(eos_token=other), 5)
+    assert capsys.readouterr().err == ""
+    T.warn_if_not_model_eos(model, tok, T.Config(eos_token="x"), 7)
+    assert "('<|endoftext|>' (id 0), " in capsys.readouterr().err
+
+
+def test_path_like_values_are_local_paths_hub_ids_are_org_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert [T.missing_local_path(v) for v in ("Qwen/Qwen3-0.6B-Base", "gpt2", "runs", "https://x.org/a/b.json")] == \
+        [None] * 4
+    assert [T.missing_local_path(v) for v in ("runs/dmeo", "./demo", "../demo", "/nope/model", "~/m", "a/b/c",
+                                              "org/", "a\\b")] == \
+        ["read as a path, since runs/ is a folder here"] + ["read as a path: a hub id is org/name"] * 7
+
+
+def _no_network(monkeypatch):
+    import socket
+
+    def no_network(*a, **k):
+        raise socket.gaierror(-2, "Name or service not known")
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+
+
+def test_a_mistyped_model_path_and_the_hub_offline_are_one_line_at_once(tmp_path, capfd, caplog, monkeypatch,
+                                                                        tiny_data_file):
+    """No network and no HF_HUB_OFFLINE: the hub client alone retries for ~50 s (24 lines) per model."""
+    import transformers
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    asked = []
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def tokenizer(name, **kwargs):
+        asked.append((name, kwargs.get("local_files_only")))
+        return real(name, **kwargs)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", tokenizer)
+    _no_network(monkeypatch)
+    args = ["--config", str(ROOT / "config.yaml"), "device=cpu", f"dataset={tiny_data_file}", "num_problems=2",
+            f"output_dir={tmp_path / 'o'}"]
+    assert T.main([*args, "model=runs/dmeo"]) == 2
+    assert capfd.readouterr().err.splitlines() == [
+        "loading runs/dmeo on cpu (fp32)",
+        "error: model runs/dmeo: no such folder (read as a path, since runs/ is a folder here); set model: to a local "
+        "model folder or a hub id"]
+    assert asked == []  # the hub was not asked for a path
+    assert T.main([*args, "model=someone/no-such-model"]) == 2
+    assert capfd.readouterr().err.splitlines()[1:] == [
+        "error: could not load model 'someone/no-such-model' at revision 'da87bfb608c14b7cf20ba1ce41287e8de496c0cd': "
+        "it is not in the local hub cache; no network: cannot resolve huggingface.co (Name or service not known); "
+        "connect, or set model: to a local folder of the model (config, tokenizer, weights)"]
+    assert asked == [("someone/no-such-model", True)]  # the local cache only: no retries
+    assert not [r for r in caplog.records if "Retry" in r.getMessage()]
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_default_evaluation_set_offline_is_one_line_naming_a_local_copy(tmp_path, capfd, caplog, monkeypatch,
+                                                                             tiny_model_dir, tiny_data_file):
+    import datasets
+    import huggingface_hub.constants
+
+    asked, real = [], datasets.load_dataset
+
+    def load_dataset(name, **kwargs):
+        asked.append((name, huggingface_hub.constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE))
+        return real(name, **kwargs)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    _no_network(monkeypatch)
+    monkeypatch.chdir(ROOT)
+    assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "o", "eval_problems=4")) == 2
+    hint = ", e.g. eval_dataset=../shared/data/math500_test.json" if (SHARED / "data" / "math500_test.json").is_file() \
+        else ""
+    assert capfd.readouterr().err.splitlines() == [
+        "error: could not load eval_dataset 'HuggingFaceH4/MATH-500': no network: cannot resolve huggingface.co (Name "
+        "or service not known); connect to the internet, or download it and set eval_dataset: to the local file" + hint]
+    assert asked == [("HuggingFaceH4/MATH-500", True, True)]  # the local cache only, at once
+    assert not [r for r in caplog.records if "Retry" in r.getMessage()]
+    assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "o", "eval_problems=4", "eval_dataset=./m500")) == 2
+    assert capfd.readouterr().err.splitlines()[-1].startswith("error: eval_dataset ./m500: no such file or folder")
+
+
+def test_a_torchrun_refusal_is_rlvrs_line_once_then_torchruns_summary_of_exit_2(tmp_path):
+    """torchrun (the parent) turns any failed worker into its own ChildFailedError and exit status 1;
+    the README's torchrun section says so. rlvr's line comes once (rank 0), and both workers exit 2."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "train_rlvr.py"), "--config", str(ROOT / "config.yaml"), "device=cpu", "group_size=3",
+           f"output_dir={tmp_path / 'o'}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    line = ("error: group_size 3 does not split over 2 processes; choose a group_size divisible by the number of "
+            "processes (nproc_per_node x nnodes)")
+    assert proc.returncode == 1 and proc.stderr.count(line) == 1, proc.stderr
+    assert "torch.distributed.elastic.multiprocessing.errors.ChildFailedError" in proc.stderr
+    root_cause = proc.stderr.split("Root Cause (first observed failure):")[1]
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: 2 ", root_cause), proc.stderr  # rank 0 said it
+    others = re.findall(r"rank\s+: 1 \(local_rank: 1\)\n\s+exitcode\s+: (\S+)", proc.stderr)
+    assert others in (["2"], ["-15"]), proc.stderr  # rank 1: exit 2 too, or torchrun's SIGTERM while it waited
+    torchrun = (ROOT / "README.md").read_text().split("## Several GPUs or machines (torchrun)")[1].split("\n## ")[0]
+    assert "exitcode  : 2" in torchrun and "ChildFailedError" in torchrun and "exits with status 1" in torchrun
+    assert not (tmp_path / "o").exists()

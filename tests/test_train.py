@@ -531,7 +531,7 @@ def test_end_to_end_table_summary_outputs_and_reload(tiny_model_dir, tiny_data_f
         assert all(r["tokens"] <= 8 and r["status"] in ("correct", "wrong", "no_answer") for r in mine)
         assert m["update_norm"] > 0  # weight decay moves the weights even at zero gradient
     assert "correct rollouts" in stdout and "zero-variance groups" in stdout and "tokens/s" in stdout
-    saved = yaml.safe_load((out_dir / "config.yaml").read_text())
+    saved = yaml.safe_load((out_dir / "run_config.yaml").read_text())
     assert saved["group_size"] == 4 and saved["model"] == str(tiny_model_dir)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

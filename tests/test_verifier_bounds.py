@@ -125,3 +125,23 @@ def test_huge_powers_are_refused_before_computing_in_milliseconds(answer, bound,
     assert bound in check and where == "_int_pow", check
     assert all(not hasattr(x, "numerator") or x.numerator.bit_length() <= 12000 for x in checked)
     assert seconds < 0.05, f"{answer}: {seconds:.3f}s"
+
+
+# ----------------------------------------------------------------------------------------------
+# ratios: up to 64 terms, a ratio label's names too
+
+
+def test_ratio_terms_cap_is_64():
+    inside, outside = ":".join(["1"] * 64), ":".join(["1"] * 65)
+    assert verifier._analyze(inside) == ("ratio", (("expr", ("n", 1)),) * 64)
+    assert is_equivalent(inside, inside)
+    with pytest.raises(verifier._Refuse):
+        verifier._analyze(outside)
+    assert not is_equivalent(outside, inside) and not is_equivalent(inside, outside)
+    names64 = ":".join(f"A_{{{i}}}" for i in range(64))
+    names65 = ":".join(f"A_{{{i}}}" for i in range(65))
+    assert is_equivalent(names64 + " = 7", "7")
+    assert verifier._analyze(names64 + " = 7")[1] == ("ratio", tuple(f"A_{i}" for i in range(64)))
+    with pytest.raises(verifier._Refuse):
+        verifier._analyze(names65 + " = 7")
+    assert not is_equivalent(names65 + " = 7", "7")
