@@ -329,3 +329,68 @@ def test_resume_refuses_data_that_changed_under_the_checkpoint(tiny_model_dir, t
     assert T.main(args + ["resume=auto"]) == 2
     err = capsys.readouterr().err
     assert "its next problem is dataset record 2, but the data now give record 3" in err
+
+
+FIXTURE = ROOT / "tests" / "fixtures" / "main-4ecffb0"  # written by main at 4ecffb0, see its README
+
+
+def _fingerprint(t):
+    bits = t.reshape(-1).float().contiguous().view(torch.int32).to(torch.int64)
+    return [int(bits.sum()), int((bits * bits).sum())]
+
+
+def test_a_checkpoint_of_the_previous_code_resumes_to_the_same_weights_and_optimizer_state(
+        tiny_model_dir, tiny_data_file, tmp_path, monkeypatch, capsys):
+    """step-000001 of a 2-step run written by the code before torch.distributed.checkpoint's API (one
+    process: lm_head.weight in the file, optimizer state by name): loaded exactly, and step 2 from it
+    gives the weights and AdamW state that code wrote for step 2."""
+    import rlvr_driver
+    from transformers import AutoModelForCausalLM
+
+    ckpt = tmp_path / "step-000001"
+    shutil.copytree(FIXTURE / "step-000001", ckpt)
+    config = (ckpt / "config.yaml").read_text().replace("/tmp/ckpt-meas/old/model", str(tiny_model_dir))
+    (ckpt / "config.yaml").write_text(config.replace("/tmp/ckpt-meas/old/problems.json", str(tiny_data_file)))
+    T.write_manifest(ckpt, 1)
+    weights = load_file(ckpt / "model.safetensors")
+    saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    assert "lm_head.weight" in weights and "model.embed_tokens.weight" not in weights  # the old layout
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    problems = [{"index": i} for i in range(2)]
+    assert len(T.load_checkpoint(ckpt, model, optimizer, problems)) == 1
+    assert torch.equal(model.model.embed_tokens.weight, weights["lm_head.weight"])
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+    state, names = optimizer.state_dict()["state"], [n for n, _ in model.named_parameters()]
+    assert len(state) == len(saved["state"]) == len(names) == 24
+    assert all(torch.equal(state[i][k], saved["state"][n][k]) for i, n in enumerate(names) for k in state[i])
+
+    monkeypatch.setattr(T, "score_rollouts", rlvr_driver.first_rollout_wins)  # the fake rewards that run had
+    out = tmp_path / "out"
+    code = T.main([f"model={tiny_model_dir}", f"dataset={tiny_data_file}", "device=cpu", f"output_dir={out}",
+                   "group_size=2", "max_new_tokens=4", "num_problems=2", "learning_rate=1e-3", "save_every=1",
+                   "keep_last=2", f"resume={ckpt}"])
+    assert code == 0, capsys.readouterr().err
+    after, want = load_file(out / "final" / "model.safetensors"), load_file(FIXTURE / "step-000002-model.safetensors")
+    after["lm_head.weight"] = after.get("lm_head.weight", after["model.embed_tokens.weight"])
+    assert want.keys() <= after.keys() and all(torch.equal(after[k], v) for k, v in want.items())
+    fingerprints = json.loads((FIXTURE / "step-000002-optimizer-fingerprint.json").read_text())
+    written = torch.load(out / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=True)
+    assert json.loads(json.dumps(written["param_groups"])) == fingerprints["param_groups"]
+    assert {n: {k: _fingerprint(v) for k, v in st.items()} for n, st in written["state"].items()} == fingerprints["state"]
+
+
+def test_a_checkpoint_without_a_weight_of_the_model_is_refused(tiny_model_dir, tiny_data_file, tmp_path, capsys):
+    """set_model_state_dict would keep the model's own weight for one missing from the file."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    ckpt = tmp_path / "step-000001"
+    shutil.copytree(FIXTURE / "step-000001", ckpt)
+    weights = load_file(ckpt / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k != "model.norm.weight"}, str(ckpt / "model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(T.UserError, match=r"model.safetensors does not fit .*missing weights \['model.norm.weight'\]"):
+        T.load_checkpoint(ckpt, model, optimizer, [{"index": i} for i in range(2)])
