@@ -339,6 +339,19 @@ def _fingerprint(t):
     return [int(bits.sum()), int((bits * bits).sum())]
 
 
+def old_checkpoint(tmp_path, model_dir, data):
+    """The fixture's step-000001 in tmp_path, its config naming this session's tiny model and data."""
+    ckpt = tmp_path / "step-000001"
+    shutil.copytree(FIXTURE / "step-000001", ckpt)
+    config = (ckpt / "config.yaml").read_text().replace("/tmp/ckpt-meas/old/model", str(model_dir))
+    (ckpt / "config.yaml").write_text(config.replace("/tmp/ckpt-meas/old/problems.json", str(data)))
+    T.write_manifest(ckpt, 1)
+    return ckpt
+
+
+OLD_RUN = ["group_size=2", "max_new_tokens=4", "num_problems=2", "learning_rate=1e-3", "save_every=1", "keep_last=2"]
+
+
 def test_a_checkpoint_of_the_previous_code_resumes_to_the_same_weights_and_optimizer_state(
         tiny_model_dir, tiny_data_file, tmp_path, monkeypatch, capsys):
     """step-000001 of a 2-step run written by the code before torch.distributed.checkpoint's API (one
@@ -347,11 +360,7 @@ def test_a_checkpoint_of_the_previous_code_resumes_to_the_same_weights_and_optim
     import rlvr_driver
     from transformers import AutoModelForCausalLM
 
-    ckpt = tmp_path / "step-000001"
-    shutil.copytree(FIXTURE / "step-000001", ckpt)
-    config = (ckpt / "config.yaml").read_text().replace("/tmp/ckpt-meas/old/model", str(tiny_model_dir))
-    (ckpt / "config.yaml").write_text(config.replace("/tmp/ckpt-meas/old/problems.json", str(tiny_data_file)))
-    T.write_manifest(ckpt, 1)
+    ckpt = old_checkpoint(tmp_path, tiny_model_dir, tiny_data_file)
     weights = load_file(ckpt / "model.safetensors")
     saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
     assert "lm_head.weight" in weights and "model.embed_tokens.weight" not in weights  # the old layout
@@ -369,8 +378,7 @@ def test_a_checkpoint_of_the_previous_code_resumes_to_the_same_weights_and_optim
     monkeypatch.setattr(T, "score_rollouts", rlvr_driver.first_rollout_wins)  # the fake rewards that run had
     out = tmp_path / "out"
     code = T.main([f"model={tiny_model_dir}", f"dataset={tiny_data_file}", "device=cpu", f"output_dir={out}",
-                   "group_size=2", "max_new_tokens=4", "num_problems=2", "learning_rate=1e-3", "save_every=1",
-                   "keep_last=2", f"resume={ckpt}"])
+                   *OLD_RUN, f"resume={ckpt}"])
     assert code == 0, capsys.readouterr().err
     after, want = load_file(out / "final" / "model.safetensors"), load_file(FIXTURE / "step-000002-model.safetensors")
     after["lm_head.weight"] = after.get("lm_head.weight", after["model.embed_tokens.weight"])
@@ -386,8 +394,7 @@ def test_a_checkpoint_without_a_weight_of_the_model_is_refused(tiny_model_dir, t
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    ckpt = tmp_path / "step-000001"
-    shutil.copytree(FIXTURE / "step-000001", ckpt)
+    ckpt = old_checkpoint(tmp_path, tiny_model_dir, tiny_data_file)
     weights = load_file(ckpt / "model.safetensors")
     save_file({k: v for k, v in weights.items() if k != "model.norm.weight"}, str(ckpt / "model.safetensors"))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
