@@ -1826,11 +1826,10 @@ def checkpoint_history(ckpt: Path, problems: list[dict]) -> list[dict]:
 def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[dict]:
     """Restore the weights and the optimizer state of a verified checkpoint; return the metrics of
     the steps it has done. Several processes: rank 0 reads it and sends each rank its part (replica
-    or shard), so the other machines need no copy of output_dir. Before the first step the optimizer
-    has no state: set_optimizer_state_dict creates it with a step at lr 0 (every weight unchanged)."""
+    or shard), so the other machines need no copy of output_dir. The optimizer has no state yet:
+    set_optimizer_state_dict creates it with a step at lr 0 (every weight unchanged)."""
     from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     history = on_rank0(checkpoint_history, ckpt, problems)
     # strict=False: a tied weight is in the file once; check_weight_names does the checking instead
@@ -1839,13 +1838,24 @@ def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[
             ("model.safetensors", load_file, lambda state: set_model_state_dict(
                 model, check_weight_names(model, state), options=options)),
             ("optimizer.pt", lambda f: torch.load(f, map_location="cpu", weights_only=True),
-             lambda state: set_optimizer_state_dict(model, optimizer, state, options=options))):
+             lambda state: load_optimizer_state(model, optimizer, state, options))):
         try:
             load(read(ckpt / name) if RANKS.rank == 0 else {})
         except Exception as e:  # intact file of another model or optimizer: name it, not torch's advice
             raise UserError(f"cannot resume {ckpt}: {name} does not fit this model and optimizer "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
     return history
+
+
+def load_optimizer_state(model, optimizer, state: dict, options) -> None:
+    """set_optimizer_state_dict, unless the checkpoint's AdamW has no state yet (every step so far
+    was skipped): kept by hand because the API first gives the optimizer state with a step at lr 0
+    and keeps it when the loaded state is empty (measured: 24 entries, step 1), so the next step's
+    bias correction would differ from the uninterrupted run's."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    if from_rank0(bool(state.get("state")) if RANKS.rank == 0 else None):
+        set_optimizer_state_dict(model, optimizer, state, options=options)
 
 
 def full_states(model, optimizer) -> tuple[dict, dict | None]:

@@ -241,6 +241,28 @@ def test_a_nan_step_is_skipped_and_training_goes_on(tiny_model_dir, tiny_data_fi
     assert "skipped (non-finite)    1 steps: 2" in stdout
 
 
+def test_a_checkpoint_after_only_skipped_steps_resumes_with_no_optimizer_state(tiny_model_dir, tiny_data_file,
+                                                                            tmp_path, capsys, monkeypatch):
+    """Step 1 skipped: its checkpoint holds no AdamW state, and the resumed step 2 is AdamW's first
+    (step count 1, as in the uninterrupted run), not its second."""
+    _first_rollout_wins(monkeypatch)
+    _poison(monkeypatch, {1})
+    whole = tmp_path / "whole"
+    assert T.main(_args(tiny_model_dir, tiny_data_file, whole, "num_problems=2", "save_every=1")) == 0
+    assert torch.load(whole / "checkpoints" / "step-000001" / "optimizer.pt", weights_only=True)["state"] == {}
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(resumed / "final")
+    shutil.rmtree(resumed / "checkpoints" / "step-000002")
+    assert T.main(_args(tiny_model_dir, tiny_data_file, resumed, "num_problems=2", "save_every=1", "resume=auto")) == 0
+    assert "after step 1" in capsys.readouterr().err
+    steps = [torch.load(out / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=True)["state"]
+             ["model.norm.weight"]["step"] for out in (whole, resumed)]
+    assert steps == [1.0, 1.0]
+    a, b = load_file(whole / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_too_many_bad_steps_in_a_row_stop_with_a_checkpoint(tiny_model_dir, tiny_data_file, tmp_path, capsys,
                                                             monkeypatch):
     _first_rollout_wins(monkeypatch)
