@@ -2388,7 +2388,11 @@ def lost_contact(message: str) -> None:
 def start_watchdog(silence: float) -> None:
     """A heartbeat per rank in the store, and a thread that watches the others': a rank silent for
     `silence` seconds has died (SIGKILL, a lost machine) or is stuck holding the interpreter. A rank
-    that sleeps while others wait is caught by the collective timeout (dist_timeout) instead."""
+    that sleeps while others wait is caught by the collective timeout (dist_timeout) instead.
+    Kept beside torchrun's agent (which ends the other workers when one exits): measured without
+    it on the CPU, a rank that hangs outlives the run by the agent's 30 s kill grace (49 s to the
+    end instead of 20 s, dist_timeout 4), and where no worker exits (a lost machine) only
+    dist_timeout (default 1800 s) would end the run, not `silence` (30 s)."""
     me = RANKS.rank
 
     def watch():
