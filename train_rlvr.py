@@ -1859,16 +1859,19 @@ def load_optimizer_state(model, optimizer, state: dict, options) -> None:
 
 
 def full_states(model, optimizer) -> tuple[dict, dict | None]:
-    """The model's state and the optimizer's (or None), whole, on the host, keyed by parameter name,
-    on rank 0: one model.safetensors and one optimizer.pt serve 1 process, N replicas or N shards
-    alike. fsdp gathers them from the shards: a collective, every rank calls it. The optimizer
-    always has state here (a checkpoint follows a step, and zero_gradients leaves gradients in
-    place, so the API does not create state with its own step at lr 0)."""
+    """The model's state and the optimizer's (or None), whole and keyed by parameter name, on rank 0:
+    one model.safetensors and one optimizer.pt serve 1 process, N replicas or N shards alike. fsdp
+    gathers them from the shards: a collective, every rank calls it."""
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    # cpu_offload for fsdp only: the full state lands on rank 0's host alone. One process and replicas
+    # hand over their own tensors (offloaded, a GPU's whole state would be copied to the host at once)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=RANKS.sharding == "fsdp")
     model_state = get_model_state_dict(model, options=options)
+    if optimizer is not None and not optimizer.state:  # no step taken yet since the start or resume
+        # measured: without gradients either, the API would first take a step at lr 0 to make a state
+        zero_gradients([p for p in model.parameters() if p.requires_grad])
     return model_state, None if optimizer is None else get_optimizer_state_dict(model, optimizer, options=options)
 
 

@@ -263,6 +263,19 @@ def test_a_checkpoint_after_only_skipped_steps_resumes_with_no_optimizer_state(t
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_the_state_of_an_optimizer_that_has_not_stepped_is_written_empty(tiny_model_dir):
+    """(resumed from such a checkpoint, an evaluation may write one before any step)"""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    assert all(p.grad is None for p in model.parameters())
+    _, state = T.full_states(model, optimizer)
+    assert state["state"] == {} and len(optimizer.state) == 0
+    assert state["param_groups"][0]["params"][:2] == ["model.embed_tokens.weight",
+                                                      "model.layers.0.self_attn.q_proj.weight"]
+
+
 def test_too_many_bad_steps_in_a_row_stop_with_a_checkpoint(tiny_model_dir, tiny_data_file, tmp_path, capsys,
                                                             monkeypatch):
     _first_rollout_wins(monkeypatch)
