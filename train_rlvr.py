@@ -1892,64 +1892,90 @@ def checkpoint_history(ckpt: Path, problems: list[dict]) -> list[dict]:
 
 def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[dict]:
     """Restore the weights and the optimizer state of a verified checkpoint; return the metrics of
-    the steps it has done. Several processes: rank 0 reads it and sends each rank its part."""
-    from safetensors.torch import load_model
+    the steps it has done. Several processes: rank 0 reads it and sends each rank its part (replica
+    or shard), so the other machines need no copy of output_dir. The optimizer has no state yet:
+    set_optimizer_state_dict creates it with a step at lr 0 (every weight unchanged)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     history = on_rank0(checkpoint_history, ckpt, problems)
-    if RANKS.world > 1:
+    # strict=False: a tied weight is in the file once; check_weight_names does the checking instead
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=RANKS.world > 1, strict=False)
+    for name, read, load in (
+            ("model.safetensors", load_file, lambda state: set_model_state_dict(
+                model, check_weight_names(model, state), options=options)),
+            ("optimizer.pt", lambda f: torch.load(f, map_location="cpu", weights_only=True),
+             lambda state: load_optimizer_state(model, optimizer, state, options))):
         try:
-            load_shared_checkpoint(ckpt, model, optimizer)
-        except Exception as e:
-            raise UserError(f"cannot resume {ckpt}: it does not fit this model and optimizer "
-                            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
-        return history
-    for name, load in (
-            ("model.safetensors", lambda f: load_model(model, str(f), device=str(next(model.parameters()).device))),
-            ("optimizer.pt", lambda f: optimizer.load_state_dict(
-                indexed_optimizer_state(model, torch.load(f, map_location="cpu", weights_only=True))))):
-        try:
-            load(ckpt / name)
+            load(read(ckpt / name) if RANKS.rank == 0 else {})
         except Exception as e:  # intact file of another model or optimizer: name it, not torch's advice
             raise UserError(f"cannot resume {ckpt}: {name} does not fit this model and optimizer "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
     return history
 
 
-def named_optimizer_state(model, state: dict) -> dict:
-    """optimizer.state_dict() keyed by parameter name instead of position: the layout FSDP's full
-    state dict has too, so one optimizer.pt serves 1 process, N replicas or N shards alike."""
-    names = [n for n, _ in model.named_parameters()]
-    return {"state": {names[i]: v for i, v in state["state"].items()},
-            "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]]}
+def load_optimizer_state(model, optimizer, state: dict, options) -> None:
+    """set_optimizer_state_dict, unless the checkpoint's AdamW has no state yet (every step so far
+    was skipped): kept by hand because the API first gives the optimizer state with a step at lr 0
+    and keeps it when the loaded state is empty (measured: 24 entries, step 1), so the next step's
+    bias correction would differ from the uninterrupted run's."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    if from_rank0(bool(state.get("state")) if RANKS.rank == 0 else None):
+        set_optimizer_state_dict(model, optimizer, state, options=options)
 
 
-def indexed_optimizer_state(model, state: dict) -> dict:
-    index = {n: i for i, (n, _) in enumerate(model.named_parameters())}
-    return {"state": {index[n]: v for n, v in state["state"].items()},
-            "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in state["param_groups"]]}
+def full_states(model, optimizer) -> tuple[dict, dict | None]:
+    """The model's state and the optimizer's (or None), whole and keyed by parameter name, on rank 0:
+    one model.safetensors and one optimizer.pt serve 1 process, N replicas or N shards alike. fsdp
+    gathers them from the shards: a collective, every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    # cpu_offload for fsdp only: the full state lands on rank 0's host alone. One process and replicas
+    # hand over their own tensors (offloaded, a GPU's whole state would be copied to the host at once)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=RANKS.sharding == "fsdp")
+    model_state = get_model_state_dict(model, options=options)
+    if optimizer is not None and not optimizer.state:  # no step taken yet since the start or resume
+        # measured: without gradients either, the API would first take a step at lr 0 to make a state
+        zero_gradients([p for p in model.parameters() if p.requires_grad])
+    return model_state, None if optimizer is None else get_optimizer_state_dict(model, optimizer, options=options)
 
 
-def write_model_file(model, state: dict | None, path: Path) -> None:
-    """model.safetensors: from the model itself (one process, or a replica), or from the full
-    state FSDP gathered, without the tied copies (Qwen3's LM head is its input embedding), as
-    safetensors' save_model writes it."""
-    from safetensors.torch import save_file, save_model
+def write_model_file(model, state: dict, path: Path) -> None:
+    from safetensors.torch import save_file
 
-    if state is None:
-        save_model(model, str(path))
-    else:
-        save_file({k: v.contiguous() for k, v in untied(model, state).items()}, str(path), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in untied(model, state).items()}, str(path), metadata={"format": "pt"})
 
 
-def tied_names(model) -> set[str]:
-    """The state-dict names that are copies of another weight (Qwen3-0.6B: lm_head.weight)."""
-    if not getattr(model.config, "tie_word_embeddings", False):
-        return set()
-    return set(getattr(model, "_tied_weights_keys", None) or ())
+def weight_names(model) -> list[list[str]]:
+    """The state-dict names of each weight; a tied weight has two (Qwen3: the LM head is the input
+    embedding, model.embed_tokens.weight and lm_head.weight)."""
+    names = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(t), []).append(name)
+    return list(names.values())
 
 
 def untied(model, state: dict) -> dict:
-    return {k: v for k, v in state.items() if k not in tied_names(model)}
+    """state with each weight once, under its first name. Kept by hand: get_model_state_dict lists a
+    tied weight under both names (measured: one process, the same tensor twice; fsdp, two gathered
+    copies), and safetensors' save_file refuses a tensor stored twice."""
+    return {names[0]: state[names[0]] for names in weight_names(model)}
+
+
+def check_weight_names(model, state: dict) -> dict:
+    """state, if it holds every weight of the model (a tied one under either name: rlvr before the
+    torch.distributed.checkpoint API wrote lm_head.weight from one process) and nothing else. Kept
+    by hand: set_model_state_dict with full_state_dict fills a missing weight with the model's own
+    (measured: strict=True accepts a file without a layer), and raises nothing about it."""
+    if RANKS.rank == 0:
+        groups = weight_names(model)
+        missing = [names[0] for names in groups if not state.keys() & set(names)]
+        extra = sorted(state.keys() - {n for names in groups for n in names})
+        if missing or extra:
+            raise ValueError(f"missing weights {missing[:3]}, unexpected weights {extra[:3]}")
+    return state
 
 
 def eval_steps_in(ckpt: Path | None) -> list[int] | None:
@@ -2197,8 +2223,7 @@ def save_final(model, tokenizer, out: Path) -> None:
     model_state, _ = full_states(model, None)  # every rank takes part (fsdp gathers); rank 0 writes
     if RANKS.rank != 0:
         return
-    model.save_pretrained(out / "final", safe_serialization=True,
-                          **({} if model_state is None else {"state_dict": untied(model, model_state)}))
+    model.save_pretrained(out / "final", safe_serialization=True, state_dict=untied(model, model_state))
     tokenizer.save_pretrained(out / "final")
     write_manifest(out / "final", None)  # marks every file as rlvr's own (overwrite removes exactly these)
 
@@ -2406,51 +2431,6 @@ def full_weights(model):
             m.reshard()
 
 
-def full_states(model, optimizer) -> tuple[dict | None, dict | None]:
-    """(model state or None, optimizer state by parameter name) to write, on rank 0: fsdp gathers
-    both from the shards (a collective: every rank calls it), onto the host; one process and
-    replicas have them whole (None: write the model itself)."""
-    if RANKS.sharding != "fsdp":
-        return None, (None if optimizer is None else named_optimizer_state(model, optimizer.state_dict()))
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state = get_model_state_dict(model, options=options)
-    optimizer_state = None if optimizer is None else get_optimizer_state_dict(model, optimizer, options=options)
-    return model_state, optimizer_state
-
-
-def load_shared_checkpoint(ckpt: Path | None, model, optimizer) -> None:
-    """Several processes: rank 0 reads the checkpoint's files and every rank receives its part
-    (replica or shard), so the other machines need no copy of output_dir."""
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
-
-    model_state, optimizer_state = {}, {}
-    if RANKS.rank == 0:
-        model_state = load_file(ckpt / "model.safetensors")
-        optimizer_state = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)  # tied: loaded once
-    set_model_state_dict(model, model_state, options=options)
-    params = [p for p in model.parameters() if p.requires_grad]
-    materialize_optimizer_state(optimizer, params)  # the broadcast fills state tensors that exist
-    set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
-
-
-def materialize_optimizer_state(optimizer, params) -> None:
-    """AdamW's state tensors, created by a step that changes nothing: zero gradients at lr 0 and no
-    weight decay (every weight stays bit for bit; the state is overwritten right after)."""
-    saved = [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups]
-    for g in optimizer.param_groups:
-        g["lr"], g["weight_decay"] = 0.0, 0.0
-    zero_gradients(params)
-    optimizer.step()
-    for g, (lr, wd) in zip(optimizer.param_groups, saved):
-        g["lr"], g["weight_decay"] = lr, wd
-
-
 def fingerprint(params) -> list[int]:
     """A cheap exact fingerprint of the weights: per tensor, the wrapping int64 sums of its float
     bit patterns and of their squares. Replicas that drifted apart by one bit differ here."""
@@ -2529,7 +2509,11 @@ def lost_contact(message: str) -> None:
 def start_watchdog(silence: float) -> None:
     """A heartbeat per rank in the store, and a thread that watches the others': a rank silent for
     `silence` seconds has died (SIGKILL, a lost machine) or is stuck holding the interpreter. A rank
-    that sleeps while others wait is caught by the collective timeout (dist_timeout) instead."""
+    that sleeps while others wait is caught by the collective timeout (dist_timeout) instead.
+    Kept beside torchrun's agent (which ends the other workers when one exits): measured without
+    it on the CPU, a rank that hangs outlives the run by the agent's 30 s kill grace (49 s to the
+    end instead of 20 s, dist_timeout 4), and where no worker exits (a lost machine) only
+    dist_timeout (default 1800 s) would end the run, not `silence` (30 s)."""
     me = RANKS.rank
 
     def watch():

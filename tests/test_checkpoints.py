@@ -241,6 +241,41 @@ def test_a_nan_step_is_skipped_and_training_goes_on(tiny_model_dir, tiny_data_fi
     assert "skipped (non-finite)    1 steps: 2" in stdout
 
 
+def test_a_checkpoint_after_only_skipped_steps_resumes_with_no_optimizer_state(tiny_model_dir, tiny_data_file,
+                                                                            tmp_path, capsys, monkeypatch):
+    """Step 1 skipped: its checkpoint holds no AdamW state, and the resumed step 2 is AdamW's first
+    (step count 1, as in the uninterrupted run), not its second."""
+    _first_rollout_wins(monkeypatch)
+    _poison(monkeypatch, {1})
+    whole = tmp_path / "whole"
+    assert T.main(_args(tiny_model_dir, tiny_data_file, whole, "num_problems=2", "save_every=1")) == 0
+    assert torch.load(whole / "checkpoints" / "step-000001" / "optimizer.pt", weights_only=True)["state"] == {}
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(resumed / "final")
+    shutil.rmtree(resumed / "checkpoints" / "step-000002")
+    assert T.main(_args(tiny_model_dir, tiny_data_file, resumed, "num_problems=2", "save_every=1", "resume=auto")) == 0
+    assert "after step 1" in capsys.readouterr().err
+    steps = [torch.load(out / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=True)["state"]
+             ["model.norm.weight"]["step"] for out in (whole, resumed)]
+    assert steps == [1.0, 1.0]
+    a, b = load_file(whole / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_state_of_an_optimizer_that_has_not_stepped_is_written_empty(tiny_model_dir):
+    """(resumed from such a checkpoint, an evaluation may write one before any step)"""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    assert all(p.grad is None for p in model.parameters())
+    _, state = T.full_states(model, optimizer)
+    assert state["state"] == {} and len(optimizer.state) == 0
+    assert state["param_groups"][0]["params"][:2] == ["model.embed_tokens.weight",
+                                                      "model.layers.0.self_attn.q_proj.weight"]
+
+
 def test_too_many_bad_steps_in_a_row_stop_with_a_checkpoint(tiny_model_dir, tiny_data_file, tmp_path, capsys,
                                                             monkeypatch):
     _first_rollout_wins(monkeypatch)
@@ -329,3 +364,76 @@ def test_resume_refuses_data_that_changed_under_the_checkpoint(tiny_model_dir, t
     assert T.main(args + ["resume=auto"]) == 2
     err = capsys.readouterr().err
     assert "its next problem is dataset record 2, but the data now give record 3" in err
+
+
+FIXTURE = ROOT / "tests" / "fixtures" / "main-4ecffb0"  # written by main at 4ecffb0, see its README
+
+
+def _fingerprint(t):
+    bits = t.reshape(-1).float().contiguous().view(torch.int32).to(torch.int64)
+    return [int(bits.sum()), int((bits * bits).sum())]
+
+
+def old_checkpoint(tmp_path, model_dir, data):
+    """The fixture's step-000001 in tmp_path, its config naming this session's tiny model and data."""
+    ckpt = tmp_path / "step-000001"
+    shutil.copytree(FIXTURE / "step-000001", ckpt)
+    config = (ckpt / "config.yaml").read_text().replace("/tmp/ckpt-meas/old/model", str(model_dir))
+    (ckpt / "config.yaml").write_text(config.replace("/tmp/ckpt-meas/old/problems.json", str(data)))
+    T.write_manifest(ckpt, 1)
+    return ckpt
+
+
+OLD_RUN = ["group_size=2", "max_new_tokens=4", "num_problems=2", "learning_rate=1e-3", "save_every=1", "keep_last=2"]
+
+
+def test_a_checkpoint_of_the_previous_code_resumes_to_the_same_weights_and_optimizer_state(
+        tiny_model_dir, tiny_data_file, tmp_path, monkeypatch, capsys):
+    """step-000001 of a 2-step run written by the code before torch.distributed.checkpoint's API (one
+    process: lm_head.weight in the file, optimizer state by name): loaded exactly, and step 2 from it
+    gives the weights and AdamW state that code wrote for step 2."""
+    import rlvr_driver
+    from transformers import AutoModelForCausalLM
+
+    ckpt = old_checkpoint(tmp_path, tiny_model_dir, tiny_data_file)
+    weights = load_file(ckpt / "model.safetensors")
+    saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    assert "lm_head.weight" in weights and "model.embed_tokens.weight" not in weights  # the old layout
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    problems = [{"index": i} for i in range(2)]
+    assert len(T.load_checkpoint(ckpt, model, optimizer, problems)) == 1
+    assert torch.equal(model.model.embed_tokens.weight, weights["lm_head.weight"])
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+    state, names = optimizer.state_dict()["state"], [n for n, _ in model.named_parameters()]
+    assert len(state) == len(saved["state"]) == len(names) == 24
+    assert all(torch.equal(state[i][k], saved["state"][n][k]) for i, n in enumerate(names) for k in state[i])
+
+    monkeypatch.setattr(T, "score_rollouts", rlvr_driver.first_rollout_wins)  # the fake rewards that run had
+    out = tmp_path / "out"
+    code = T.main([f"model={tiny_model_dir}", f"dataset={tiny_data_file}", "device=cpu", f"output_dir={out}",
+                   *OLD_RUN, f"resume={ckpt}"])
+    assert code == 0, capsys.readouterr().err
+    after, want = load_file(out / "final" / "model.safetensors"), load_file(FIXTURE / "step-000002-model.safetensors")
+    after["lm_head.weight"] = after.get("lm_head.weight", after["model.embed_tokens.weight"])
+    assert want.keys() <= after.keys() and all(torch.equal(after[k], v) for k, v in want.items())
+    fingerprints = json.loads((FIXTURE / "step-000002-optimizer-fingerprint.json").read_text())
+    written = torch.load(out / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=True)
+    assert json.loads(json.dumps(written["param_groups"])) == fingerprints["param_groups"]
+    state = {n: {k: _fingerprint(v) for k, v in st.items()} for n, st in written["state"].items()}
+    assert state == fingerprints["state"]
+
+
+def test_a_checkpoint_without_a_weight_of_the_model_is_refused(tiny_model_dir, tiny_data_file, tmp_path, capsys):
+    """set_model_state_dict would keep the model's own weight for one missing from the file."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    ckpt = old_checkpoint(tmp_path, tiny_model_dir, tiny_data_file)
+    weights = load_file(ckpt / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k != "model.norm.weight"}, str(ckpt / "model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(T.UserError, match=r"model.safetensors does not fit .*missing weights \['model.norm.weight'\]"):
+        T.load_checkpoint(ckpt, model, optimizer, [{"index": i} for i in range(2)])

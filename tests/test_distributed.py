@@ -121,6 +121,25 @@ def test_two_processes_give_the_one_process_run(one_process, tiny_model_dir, tin
         _assert_same_run(one_process, resumed, resumed_stdout)
 
 
+def test_one_process_checkpoint_of_the_previous_code_resumes_on_two_sharded_processes(tiny_model_dir, tiny_data_file,
+                                                                                       tmp_path):
+    """1 -> 2: rank 0 reads a checkpoint of the code before torch.distributed.checkpoint's API
+    (lm_head.weight in the file) and sends each rank its shards; step 2 gives that code's weights."""
+    from test_checkpoints import FIXTURE, OLD_RUN, old_checkpoint
+
+    ckpt, out = old_checkpoint(tmp_path, tiny_model_dir, tiny_data_file), tmp_path / "out"
+    code, _, stderr, _ = _torchrun([f"model={tiny_model_dir}", f"dataset={tiny_data_file}", "device=cpu",
+                                    f"output_dir={out}", *OLD_RUN, f"resume={ckpt}", "sharding=fsdp"])
+    assert code == 0, stderr[-3000:]
+    assert "resumed from" in stderr and "after step 1" in stderr
+    after, want = load_file(out / "final" / "model.safetensors"), load_file(FIXTURE / "step-000002-model.safetensors")
+    after["lm_head.weight"] = after.get("lm_head.weight", after["model.embed_tokens.weight"])
+    assert want.keys() <= after.keys()
+    assert max((after[k] - v).abs().max().item() for k, v in want.items()) <= 1e-6  # summation order only
+    moved = load_file(ckpt / "model.safetensors")
+    assert max((after[k] - moved[k]).abs().max().item() for k in moved) > 1e-4  # step 2 did move the weights
+
+
 def test_a_killed_rank_ends_the_run_naming_it_and_resume_auto_continues(one_process, tiny_model_dir, tiny_data_file,
                                                                         tmp_path, monkeypatch, capsys):
     out = tmp_path / "killed"
