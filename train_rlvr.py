@@ -1033,12 +1033,12 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
     """clip_grad_norm_ (it returns the norm BEFORE clipping), then one AdamW step.
 
     The update norm is measured: the weights are copied into `before` (float32 buffers reused from
-    step to step; on CUDA in pinned host memory, sparing the card a second copy of the weights) and
-    compared after the step. A non-finite loss or gradient norm skips the step, touching no weight
-    and no optimizer state: update norm None. So does a step that leaves a weight non-finite (a
-    learning rate far too large): its weights and AdamW state are put back as they were before it,
-    from `before` and a copy of the state taken just before the step (`state_before`: reused host
-    buffers, like `before`).
+    step to step, where update_norm_buffers put them: on the GPU when it has room, else in pinned
+    host memory) and compared after the step. A non-finite loss or gradient norm skips the step,
+    touching no weight and no optimizer state: update norm None. So does a step that leaves a
+    weight non-finite (a learning rate far too large): its weights and AdamW state are put back as
+    they were before it, from `before` and a copy of the state taken just before the step
+    (`state_before`: reused buffers on the device of `before`).
 
     With fsdp sharding each rank holds a shard of every tensor (`local`): the norms are combined
     across ranks, and a non-finite weight on any rank undoes the step on all of them."""
@@ -1050,7 +1050,7 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
         before = [torch.empty_like(local(p), dtype=torch.float32) for p in params]
     for b, p in zip(before, params):
         b.copy_(local(p).detach(), non_blocking=True)  # stream-ordered before the step's in-place updates
-    saved = snapshot_optimizer_state(optimizer, {} if state_before is None else state_before)
+    saved = snapshot_optimizer_state(optimizer, {} if state_before is None else state_before, before[0].device)
     optimizer.step()
     weights = [local(p).detach() for p in params]
     finite = bool(torch.stack(torch._foreach_norm(weights, math.inf)).isfinite().all())  # max |w|: no overflow
@@ -1089,9 +1089,11 @@ def _combined_norm(norms: list[torch.Tensor]) -> float:
     return float(torch.linalg.vector_norm(torch.stack(norms).double()))
 
 
-def snapshot_optimizer_state(optimizer, buffers: dict) -> dict:
-    """The optimizer's per-parameter state as it is now: tensors copied into `buffers` (host memory,
-    pinned for CUDA tensors, allocated on first use and reused), everything else by value."""
+def snapshot_optimizer_state(optimizer, buffers: dict, device=None) -> dict:
+    """The optimizer's per-parameter state as it is now: tensors copied into `buffers` on `device`
+    (default: the host; host buffers of CUDA tensors are pinned), allocated on first use and
+    reused, everything else by value."""
+    device = torch.device("cpu") if device is None else torch.device(device)
     saved = {}
     for p, state in optimizer.state.items():
         saved[p] = {}
@@ -1100,8 +1102,9 @@ def snapshot_optimizer_state(optimizer, buffers: dict) -> dict:
                 value = local(value)
                 buf = buffers.get((id(p), key))
                 if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
-                    buf = buffers[(id(p), key)] = torch.empty(value.shape, dtype=value.dtype, device="cpu",
-                                                              pin_memory=value.is_cuda)
+                    pin = value.is_cuda and device.type == "cpu"
+                    buf = buffers[(id(p), key)] = torch.empty(value.shape, dtype=value.dtype, device=device,
+                                                              pin_memory=pin)
                 buf.copy_(value, non_blocking=True)
                 value = buf
             saved[p][key] = value
@@ -1120,11 +1123,40 @@ def restore_optimizer_state(optimizer, saved: dict) -> None:
                 optimizer.state[p][key] = value
 
 
+UNDO_RESERVE = 16 << 30  # bytes of GPU memory left for generation, evaluation and the backward pass
+
+
+def optimizer_buffer_bytes(params) -> int:
+    """What optimizer_step keeps to undo a step: a float32 copy of the weights and a copy of
+    AdamW's two moments, in the weights' dtype (12 bytes per parameter in float32)."""
+    return sum(local(p).numel() * (4 + 2 * p.element_size()) for p in params)
+
+
+def optimizer_buffer_device(device: torch.device, need: int, free: int) -> torch.device:
+    """Where those copies live: on the GPU when its free memory at the start of the run holds them
+    twice over plus UNDO_RESERVE (once for the copies; once for the gradients and AdamW moments
+    the first step allocates, at most as large; the reserve for generation, evaluation and the
+    backward pass), in pinned host memory otherwise. On the host they cross PCIe twice a step
+    (about 9.6 GB for the 0.6B model in float32); the numbers are the same either way."""
+    if device.type == "cuda" and free >= 2 * need + UNDO_RESERVE:
+        return device
+    return torch.device("cpu")
+
+
 def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
-    """float32 buffers for the weights before each optimizer step, allocated once per run: on the
-    host, pinned on CUDA so the copies can run asynchronously."""
-    buffers = [torch.empty_like(local(p), dtype=torch.float32, device="cpu") for p in params]
-    return [b.pin_memory() for b in buffers] if device.type == "cuda" else buffers
+    """float32 buffers for the weights before each optimizer step, allocated once per run where
+    optimizer_buffer_device puts them (said once on stderr on CUDA); host buffers of CUDA weights
+    are pinned, so the copies can run asynchronously. The optimizer state's copies follow them."""
+    where = torch.device("cpu")
+    if device.type == "cuda":
+        need, free = optimizer_buffer_bytes(params), available_memory(device)
+        where = optimizer_buffer_device(device, need, free)
+        place = f"on {where}" if where.type == "cuda" else "in pinned host memory (copied across PCIe every step)"
+        progress(f"optimizer step: the copies that undo a non-finite step ({need / 1e9:.1f} GB) are kept {place}; "
+                 f"{free / 1e9:.1f} GB free on {device}")
+    on_host = where.type == "cpu"  # else beside each weight (empty_like keeps its device)
+    buffers = [torch.empty_like(local(p), dtype=torch.float32, device="cpu" if on_host else None) for p in params]
+    return [b.pin_memory() for b in buffers] if device.type == "cuda" and on_host else buffers
 
 
 # ----------------------------------------------------------------------------------------------
