@@ -6,13 +6,14 @@ uniforms), counted with torch.profiler on the CPU.
 Every token samples fresh logits of `rows` x `vocab` (random at scale 0.45, the random stand-in's;
 --bf16 rounds them to bfloat16 first, as bf16 logits are, which makes ties at the top-p boundary
 common). A sync is an op that needs a device value on the host: aten::_local_scalar_dense (under
-aten::item and bool(tensor), counted once) and aten::nonzero (its output size). On the CPU none of them waits for anything; they are
-counted here because on CUDA each one stalls the host until the GPU catches up.
+aten::item and bool(tensor), counted once) and aten::nonzero (its output size). On the CPU none of
+them waits for anything; they are counted here because on CUDA each one stalls the host until the
+GPU catches up.
 
 --gpu-path runs, on the CPU, the code that CUDA tensors take (train_rlvr.sampler_on_host returning
-False), where the trainer has that switch. `ops` counts every ATen op the profiler records, nested ones
-included; `top-level` only those called from Python (each one or a few kernel launches on CUDA;
-host-only ones included, e.g. get_state's copy into a CPU tensor)."""
+False), where the trainer has that switch. `ops` counts every ATen op the profiler records, nested
+ones included; `top-level` only those called from Python (each one or a few kernel launches on
+CUDA; host-only ones included, e.g. the generator state checks' torch.equal)."""
 
 from __future__ import annotations
 

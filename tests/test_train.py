@@ -345,8 +345,8 @@ def test_eval_temperature_1e_40_samples_the_greedy_responses(tiny_model):
     import verifier
 
     model, tok = tiny_model
-    problems = [{"index": i, "problem": "", "answer": "7", "prompt_ids": ids, "level": "unknown",
-                 "subject": "unknown", "unique_id": None} for i, ids in enumerate([[5, 17, 33], [8, 9], [40, 41, 42, 43]])]
+    problems = [{"index": i, "problem": "", "answer": "7", "prompt_ids": ids, "level": "unknown", "subject": "unknown",
+                 "unique_id": None} for i, ids in enumerate([[5, 17, 33], [8, 9], [40, 41, 42, 43]])]
 
     def responses(**settings):
         cfg = T.Config(device="cpu", eval_problems=3, eval_max_new_tokens=6, eval_batch_size=2, **settings)
