@@ -494,10 +494,10 @@ def nucleus_weights(logits: torch.Tensor, temperature: float, top_p: float) -> t
     Normalized, they are transformers' temperature + top-p probabilities. There is no top-k.
 
     A row whose largest score is not finite (a temperature so small that logits / temperature
-    overflows float32: about 1e-38 for logits of order 1) would give NaN weights, and transformers
-    NaN probabilities. It takes the limit of temperature -> 0 instead: the argmax, i.e. scores 0 on
-    the largest logits and -inf elsewhere (tied maxima share the weight, as far as top-p keeps
-    them). Every other row keeps its numbers bit for bit."""
+    overflows float32, whose largest number is 3.4e38: a logit of 3.4 at 1e-38) would give NaN
+    weights, and transformers NaN probabilities. It takes the limit of temperature -> 0 instead:
+    the argmax, i.e. scores 0 on the largest logits and -inf elsewhere (tied maxima share the
+    weight, as far as top-p keeps them). Every other row keeps its numbers bit for bit."""
     scores = logits.float() / temperature
     top = scores.amax(dim=-1, keepdim=True)
     overflow = ~top.isfinite()
@@ -545,8 +545,8 @@ class Uniforms:
     """The sampler's float64 uniforms, row i from streams[i]: each call gives every row named in
     `rows` (default: all) the next number of its stream, as a (rows, 1) tensor.
 
-    They are drawn UNIFORM_BLOCK at a time per stream (one launch per stream per 64 tokens instead
-    of one per stream per token, and one cat) and handed out in order. On the CPU a block is
+    They are drawn UNIFORM_BLOCK at a time per stream (one launch per stream per 64 tokens, where
+    one torch.rand per stream per token and a cat were) and handed out in order. On the CPU a block is
     exactly the next 64 numbers that torch.rand(1) would give one at a time (mt19937's float64
     draws do not depend on the tensor's size: tested), so each stream's t-th number, and every
     sampled token, is what it was. On CUDA, Philox gives a block of 64 other numbers than 64
