@@ -506,17 +506,31 @@ def sorted_values(scores: torch.Tensor) -> torch.Tensor:
     return torch.sort(scores, dim=-1).values
 
 
-def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The kept set of top_p_reference, bit for bit, without sorting the token ids.
+def sampler_on_host(device) -> bool:
+    """Whether the sampler runs on the CPU, where numpy can sort and a branch on a tensor's value
+    costs nothing. On CUDA such a branch stops the host until the GPU catches up (a sync), so the
+    CUDA path takes none (the tests run it on CPU tensors by making this False)."""
+    return torch.device(device).type == "cpu"
 
-    transformers' float32 numbers, softmax(sorted scores).cumsum(), depend on the sorted VALUES
-    only, so the same two ops on the same values give the same numbers: the tokens it removes are
-    the r lowest (cumulative <= 1 - top_p is a prefix, as cumulative never decreases), and the kept
-    set is every token scoring >= the r-th lowest value. Only where that value is tied with a
-    removed token does the order of token ids inside the tie decide: those rows, and rows holding
-    NaN, go to top_p_reference itself. No tolerance is involved."""
+
+def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The kept set of top_p_reference, bit for bit.
+
+    On CUDA it is top_p_reference itself: there a sort of the values alone would cost about what
+    torch.sort with the permutation costs, and the permutation decides every row on the device,
+    ties included, so no row needs a host branch (no sync, no nonzero).
+
+    On the CPU it is found without sorting the token ids: transformers' float32 numbers,
+    softmax(sorted scores).cumsum(), depend on the sorted VALUES only, so the same two ops on the
+    same values give the same numbers: the tokens it removes are the r lowest (cumulative <=
+    1 - top_p is a prefix, as cumulative never decreases), and the kept set is every token scoring
+    >= the r-th lowest value. Only where that value is tied with a removed token does the order of
+    token ids inside the tie decide: those rows, and rows holding NaN, go to top_p_reference
+    itself. No tolerance is involved."""
     if top_p >= 1.0:  # transformers adds no top-p warper at 1.0: every token with a finite score
         return torch.isfinite(scores) | (scores == scores.max(dim=-1, keepdim=True).values)
+    if not sampler_on_host(scores.device):
+        return top_p_reference(scores, top_p)
     values = sorted_values(scores).to(scores.device)
     cumulative = values.softmax(dim=-1).cumsum(dim=-1)
     n_removed = (cumulative <= (1 - top_p)).sum(dim=-1, keepdim=True).clamp(max=scores.shape[-1] - 1)
@@ -532,10 +546,22 @@ def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def nucleus_weights(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """Unnormalized sampling weights: exp(logits / temperature - max) on the top-p nucleus, 0 elsewhere.
-    Normalized, they are transformers' temperature + top-p probabilities. There is no top-k."""
+    Normalized, they are transformers' temperature + top-p probabilities. There is no top-k.
+
+    A row whose largest score is not finite (a temperature so small that logits / temperature
+    overflows float32, whose largest number is 3.4e38: a logit of 3.4 at 1e-38) would give NaN
+    weights, and transformers NaN probabilities. It takes the limit of temperature -> 0 instead:
+    the argmax, i.e. scores 0 on the largest logits and -inf elsewhere (tied maxima share the
+    weight, as far as top-p keeps them). Every other row keeps its numbers bit for bit."""
     scores = logits.float() / temperature
+    top = scores.amax(dim=-1, keepdim=True)
+    overflow = ~top.isfinite()
+    if not sampler_on_host(scores.device) or bool(overflow.any()):  # CUDA: no branch, no sync
+        largest = logits.float() == logits.float().amax(dim=-1, keepdim=True)
+        scores = torch.where(overflow, torch.where(largest, 0.0, -math.inf), scores)
+        top = top.masked_fill(overflow, 0.0)
     kept = top_p_mask(scores, top_p)
-    return (scores - scores.max(dim=-1, keepdim=True).values).exp_().masked_fill_(~kept, 0.0)
+    return (scores - top).exp_().masked_fill_(~kept, 0.0)
 
 
 def sample_next_token(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor) -> torch.Tensor:
@@ -567,9 +593,52 @@ def rollout_streams(seed: int, step: int, rollouts, device) -> list[torch.Genera
     return [torch.Generator(device=device).manual_seed(stream_seed(seed, "rollout", step, i)) for i in rollouts]
 
 
-def draw_uniforms(streams: list[torch.Generator], device) -> torch.Tensor:
-    """One float64 uniform per row, row i from streams[i]: the t-th call gives each row its t-th number."""
-    return torch.cat([torch.rand(1, 1, generator=g, device=device, dtype=torch.float64) for g in streams])
+UNIFORM_BLOCK = 64  # uniforms drawn per stream at a time
+
+
+class Uniforms:
+    """The sampler's float64 uniforms, row i from streams[i]: each call gives every row named in
+    `rows` (default: all) the next number of its stream, as a (rows, 1) tensor.
+
+    They are drawn UNIFORM_BLOCK at a time per stream (one launch per stream per 64 tokens, where
+    one torch.rand per stream per token and a cat were) and handed out in order. On the CPU a block is
+    exactly the next 64 numbers that torch.rand(1) would give one at a time (mt19937's float64
+    draws do not depend on the tensor's size: tested), so each stream's t-th number, and every
+    sampled token, is what it was. On CUDA, Philox gives a block of 64 other numbers than 64
+    single draws; that is acceptable while no CUDA run exists, because each row still draws only
+    from its own stream: its t-th number depends on its stream's seed (seed, step, rollout) and on
+    t alone, whatever the batch or the number of processes.
+
+    A stream whose state was set back since its block was drawn (generate_rollouts restores the
+    streams for the eager retry of a failed compiled decode) drops the rest of its block and draws
+    again from where it now stands: checking costs one get_state per stream per token, host only."""
+
+    def __init__(self, streams: list[torch.Generator], device):
+        self.streams = list(streams)
+        self.block = torch.empty(len(self.streams), UNIFORM_BLOCK, dtype=torch.float64, device=device)
+        self.used = [UNIFORM_BLOCK] * len(self.streams)  # how many of each stream's block were handed out
+        self.marks = [None] * len(self.streams)  # each stream's state just after its block was drawn
+        self.subset = (None, None)  # the last rows named and their index tensor (new only when rows leave)
+
+    def __call__(self, rows=None) -> torch.Tensor:
+        every = list(range(len(self.streams)))
+        rows = every if rows is None else list(rows)
+        stale = [i for i in rows if self.used[i] == UNIFORM_BLOCK
+                 or not torch.equal(self.streams[i].get_state(), self.marks[i])]
+        if stale:
+            self.block = self.block.clone()  # the views handed out earlier keep their numbers
+            for i in stale:
+                self.block[i].uniform_(generator=self.streams[i])
+                self.used[i], self.marks[i] = 0, self.streams[i].get_state()
+        cols = [self.used[i] for i in rows]
+        for i in rows:
+            self.used[i] += 1
+        if rows == every and min(cols) == max(cols):  # every row at the same place: always so in decode
+            return self.block[:, cols[0], None]  # a view: no copy
+        if self.subset[0] != rows:
+            self.subset = rows, torch.tensor(rows, device=self.block.device)
+        at = cols[0] if min(cols) == max(cols) else torch.tensor(cols, device=self.block.device)
+        return self.block[self.subset[1], at].unsqueeze(-1)
 
 
 def compile_decode(cfg: Config, device: torch.device) -> bool:
@@ -703,9 +772,10 @@ def static_decoder(model, amp) -> StaticDecoder:
 def sampling_pick(streams: list[torch.Generator], temperature: float, top_p: float, device):
     """The next-token rule of the rollouts: temperature + top-p, row i drawing from streams[i].
     `rows` names the batch's rows still decoded when finished ones were dropped (None: all)."""
+    uniforms = Uniforms(streams, device)
+
     def pick(logits, rows=None):
-        drawing = streams if rows is None else [streams[i] for i in rows]
-        return sample_next_token(logits, temperature, top_p, draw_uniforms(drawing, device))
+        return sample_next_token(logits, temperature, top_p, uniforms(rows))
     return pick
 
 
@@ -1018,12 +1088,12 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
     """clip_grad_norm_ (it returns the norm BEFORE clipping), then one AdamW step.
 
     The update norm is measured: the weights are copied into `before` (float32 buffers reused from
-    step to step; on CUDA in pinned host memory, sparing the card a second copy of the weights) and
-    compared after the step. A non-finite loss or gradient norm skips the step, touching no weight
-    and no optimizer state: update norm None. So does a step that leaves a weight non-finite (a
-    learning rate far too large): its weights and AdamW state are put back as they were before it,
-    from `before` and a copy of the state taken just before the step (`state_before`: reused host
-    buffers, like `before`).
+    step to step, where update_norm_buffers put them: on the GPU when it has room, else in pinned
+    host memory) and compared after the step. A non-finite loss or gradient norm skips the step,
+    touching no weight and no optimizer state: update norm None. So does a step that leaves a
+    weight non-finite (a learning rate far too large): its weights and AdamW state are put back as
+    they were before it, from `before` and a copy of the state taken just before the step
+    (`state_before`: reused buffers on the device of `before`).
 
     With fsdp sharding each rank holds a shard of every tensor (`local`): the norms are combined
     across ranks, and a non-finite weight on any rank undoes the step on all of them."""
@@ -1035,7 +1105,7 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
         before = [torch.empty_like(local(p), dtype=torch.float32) for p in params]
     for b, p in zip(before, params):
         b.copy_(local(p).detach(), non_blocking=True)  # stream-ordered before the step's in-place updates
-    saved = snapshot_optimizer_state(optimizer, {} if state_before is None else state_before)
+    saved = snapshot_optimizer_state(optimizer, {} if state_before is None else state_before, before[0].device)
     optimizer.step()
     weights = [local(p).detach() for p in params]
     finite = bool(torch.stack(torch._foreach_norm(weights, math.inf)).isfinite().all())  # max |w|: no overflow
@@ -1074,9 +1144,11 @@ def _combined_norm(norms: list[torch.Tensor]) -> float:
     return float(torch.linalg.vector_norm(torch.stack(norms).double()))
 
 
-def snapshot_optimizer_state(optimizer, buffers: dict) -> dict:
-    """The optimizer's per-parameter state as it is now: tensors copied into `buffers` (host memory,
-    pinned for CUDA tensors, allocated on first use and reused), everything else by value."""
+def snapshot_optimizer_state(optimizer, buffers: dict, device=None) -> dict:
+    """The optimizer's per-parameter state as it is now: tensors copied into `buffers` on `device`
+    (default: the host; host buffers of CUDA tensors are pinned), allocated on first use and
+    reused, everything else by value."""
+    device = torch.device("cpu") if device is None else torch.device(device)
     saved = {}
     for p, state in optimizer.state.items():
         saved[p] = {}
@@ -1085,8 +1157,9 @@ def snapshot_optimizer_state(optimizer, buffers: dict) -> dict:
                 value = local(value)
                 buf = buffers.get((id(p), key))
                 if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
-                    buf = buffers[(id(p), key)] = torch.empty(value.shape, dtype=value.dtype, device="cpu",
-                                                              pin_memory=value.is_cuda)
+                    pin = value.is_cuda and device.type == "cpu"
+                    buf = buffers[(id(p), key)] = torch.empty(value.shape, dtype=value.dtype, device=device,
+                                                              pin_memory=pin)
                 buf.copy_(value, non_blocking=True)
                 value = buf
             saved[p][key] = value
@@ -1105,11 +1178,40 @@ def restore_optimizer_state(optimizer, saved: dict) -> None:
                 optimizer.state[p][key] = value
 
 
+UNDO_RESERVE = 16 << 30  # bytes of GPU memory left for generation, evaluation and the backward pass
+
+
+def optimizer_buffer_bytes(params) -> int:
+    """What optimizer_step keeps to undo a step: a float32 copy of the weights and a copy of
+    AdamW's two moments, in the weights' dtype (12 bytes per parameter in float32)."""
+    return sum(local(p).numel() * (4 + 2 * p.element_size()) for p in params)
+
+
+def optimizer_buffer_device(device: torch.device, need: int, free: int) -> torch.device:
+    """Where those copies live: on the GPU when its free memory at the start of the run holds them
+    twice over plus UNDO_RESERVE (once for the copies; once for the gradients and AdamW moments
+    the first step allocates, at most as large; the reserve for generation, evaluation and the
+    backward pass), in pinned host memory otherwise. On the host they cross PCIe twice a step
+    (about 9.6 GB for the 0.6B model in float32); the numbers are the same either way."""
+    if device.type == "cuda" and free >= 2 * need + UNDO_RESERVE:
+        return device
+    return torch.device("cpu")
+
+
 def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
-    """float32 buffers for the weights before each optimizer step, allocated once per run: on the
-    host, pinned on CUDA so the copies can run asynchronously."""
-    buffers = [torch.empty_like(local(p), dtype=torch.float32, device="cpu") for p in params]
-    return [b.pin_memory() for b in buffers] if device.type == "cuda" else buffers
+    """float32 buffers for the weights before each optimizer step, allocated once per run where
+    optimizer_buffer_device puts them (said once on stderr on CUDA); host buffers of CUDA weights
+    are pinned, so the copies can run asynchronously. The optimizer state's copies follow them."""
+    where = torch.device("cpu")
+    if device.type == "cuda":
+        need, free = optimizer_buffer_bytes(params), available_memory(device)
+        where = optimizer_buffer_device(device, need, free)
+        place = f"on {where}" if where.type == "cuda" else "in pinned host memory (copied across PCIe every step)"
+        progress(f"optimizer step: the copies that undo a non-finite step ({need / 1e9:.1f} GB) are kept {place}; "
+                 f"{free / 1e9:.1f} GB free on {device}")
+    on_host = where.type == "cpu"  # else beside each weight (empty_like keeps its device)
+    buffers = [torch.empty_like(local(p), dtype=torch.float32, device="cpu" if on_host else None) for p in params]
+    return [b.pin_memory() for b in buffers] if device.type == "cuda" and on_host else buffers
 
 
 # ----------------------------------------------------------------------------------------------

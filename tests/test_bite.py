@@ -429,6 +429,60 @@ def test_update_norm_sends_buffers_on_another_device_across(monkeypatch):
     assert calls == [torch.device("meta")]
 
 
+def test_the_undo_copies_stay_on_the_gpu_when_its_free_memory_holds_them(monkeypatch, capsys):
+    """Where optimizer_step's copies (weights in float32, AdamW's two moments) live, from the free
+    memory figure: on the GPU when it holds them twice over plus UNDO_RESERVE, else on the host."""
+    cuda, cpu, reserve = torch.device("cuda"), torch.device("cpu"), T.UNDO_RESERVE
+    need = 596_049_920 * 12  # Qwen3-0.6B in float32: 7.15 GB
+    assert T.optimizer_buffer_device(cuda, need, 139 * 10**9) == cuda  # an H200
+    assert T.optimizer_buffer_device(cuda, need, 2 * need + reserve) == cuda
+    assert T.optimizer_buffer_device(cuda, need, 2 * need + reserve - 1) == cpu
+    assert T.optimizer_buffer_device(cuda, need, 22 * 10**9) == cpu  # a 24 GB card
+    assert T.optimizer_buffer_device(cpu, need, 10**15) == cpu
+    weights = [torch.nn.Parameter(torch.zeros(10, 3)), torch.nn.Parameter(torch.zeros(5, dtype=torch.bfloat16))]
+    assert T.optimizer_buffer_bytes(weights) == 30 * (4 + 8) + 5 * (4 + 4)
+    # the choice on CUDA, said once on stderr ('cuda' with CPU weights: the buffers go beside them)
+    monkeypatch.setattr(T, "available_memory", lambda device: 139 * 10**9)
+    buffers = T.update_norm_buffers(weights, cuda)
+    assert [(b.shape, b.dtype, b.device.type) for b in buffers] == [((10, 3), torch.float32, "cpu"),
+                                                                   ((5,), torch.float32, "cpu")]
+    assert capsys.readouterr().err == ("optimizer step: the copies that undo a non-finite step (0.0 GB) are kept on "
+                                       "cuda; 139.0 GB free on cuda\n")
+    monkeypatch.setattr(T, "available_memory", lambda device: 10**9)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self.clone())  # no CUDA here to pin for
+    T.update_norm_buffers(weights, cuda)
+    assert "kept in pinned host memory (copied across PCIe every step); 1.0 GB free" in capsys.readouterr().err
+    assert T.update_norm_buffers(weights, cpu)[0].shape == (10, 3) and capsys.readouterr().err == ""
+
+
+def test_the_optimizer_step_gives_the_same_numbers_with_its_copies_on_either_side(tiny_model, monkeypatch):
+    """The copies beside the weights take update_norm's in-place path; host copies of CUDA weights
+    take update_norm_across_devices. Two finite steps and an undone one give the same norms,
+    weights and AdamW state, bit for bit, either way."""
+    model, _ = tiny_model
+    runs = []
+    for across in (False, True):
+        if across:
+            monkeypatch.setattr(T, "update_norm", T.update_norm_across_devices)
+        params = [p for p in copy.deepcopy(model).parameters()]
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        before, state_before, norms = T.update_norm_buffers(params, torch.device("cpu")), {}, []
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=g)
+            if step == 2:  # this step leaves a weight infinite: it is undone
+                real_step = opt.step
+                opt.step = lambda: (real_step(), params[1].data.view(-1).__setitem__(0, float("inf")))
+            norms.append(T.optimizer_step(params, opt, 1.0, 0.0, before, state_before))
+        runs.append((norms, [p.detach().clone() for p in params],
+                     [{k: v.clone() for k, v in opt.state[p].items()} for p in params]))
+    (norms, weights, state), (norms2, weights2, state2) = runs
+    assert norms == norms2 and norms[2][1] is None and all(n[1] > 0 for n in norms[:2])
+    assert all(torch.equal(a, b) for a, b in zip(weights, weights2)) and all(w.isfinite().all() for w in weights)
+    assert all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(state, state2))
+
+
 # ----------------------------------------------------------------------------------------------
 # The log-prob forwards build no KV cache (point 12)
 

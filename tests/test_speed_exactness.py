@@ -103,6 +103,113 @@ def test_a_uniform_that_rounds_up_to_the_total_takes_the_last_kept_token(monkeyp
     assert torch.equal(new, old) and T.top_p_mask(logits, 0.9)[torch.arange(2), new].all()
 
 
+def test_the_cuda_path_keeps_transformers_set_on_the_adversarial_rows(monkeypatch):
+    """What CUDA tensors take (sampler_on_host False), run on CPU tensors: every row through
+    top_p_reference, the values-only sort never used, the same kept set as transformers'."""
+    monkeypatch.setattr(T, "sampler_on_host", lambda device: False)
+    monkeypatch.setattr(T, "sorted_values", lambda *a: pytest.fail("the CUDA path sorted the values alone"))
+    for name, logits in _adversarial_rows().items():
+        for top_p in (0.05, 0.5, 0.9):
+            scores = logits.float() / 0.8
+            assert torch.equal(T.top_p_mask(scores, top_p), _hf_kept(scores, top_p)), (name, top_p)
+
+
+@pytest.mark.parametrize("on_host", [True, False])
+def test_top_p_removes_a_token_whose_cumulative_sum_equals_one_minus_top_p(on_host, monkeypatch):
+    """Distinct scores whose float32 cumulative probability hits 1 - top_p exactly: sorted up,
+    softmax(log [0.125, 0.375, 0.5]).cumsum() is [0.125, 0.5, 1.0] and 0.5 <= 1 - 0.5 removes the
+    second token too (transformers' `<=`); a `<` would keep it. No tie: the host path decides the
+    row itself, without top_p_reference."""
+    monkeypatch.setattr(T, "sampler_on_host", lambda device: on_host)
+    if on_host:
+        monkeypatch.setattr(T, "top_p_reference", lambda *a: pytest.fail("a row without ties took the full sort"))
+    scores = torch.tensor([[0.125, 0.375, 0.5], [0.375, 0.5, 0.125]]).log()
+    values = torch.sort(scores[0]).values
+    assert values.softmax(-1).cumsum(-1).tolist() == [0.125, 0.5, 1.0]  # the float32 numbers, exactly
+    kept = T.top_p_mask(scores, 0.5)
+    assert kept.tolist() == [[False, False, True], [False, True, False]]
+    assert torch.equal(kept, _hf_kept(scores, 0.5))
+
+
+SYNCS = ("aten::_local_scalar_dense", "aten::nonzero")  # under .item(), bool(tensor), .tolist(); nonzero's size
+
+
+def test_the_cuda_sampler_path_makes_no_host_sync_per_token(monkeypatch):
+    """The sampler as CUDA tensors take it, profiled on the CPU: no op that reads a device value
+    on the host, and the uniforms drawn once per stream per 64 tokens. The logits are bf16-rounded,
+    so rows tie at the top-p boundary (the old tie branch synced twice on each such token)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setattr(T, "sampler_on_host", lambda device: False)
+    g = torch.Generator().manual_seed(4)
+    logits = [(torch.randn(4, 1000, generator=g) * 0.45).bfloat16().float() for _ in range(66)]
+    pick = T.sampling_pick(T.rollout_streams(0, 1, range(4), "cpu"), 0.8, 0.9, "cpu")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        tokens = [pick(x) for x in logits]
+    names = [e.name for e in prof.events()]
+    assert sum(names.count(s) for s in SYNCS) == 0
+    assert names.count("aten::uniform_") == 4 * 2  # 66 tokens: two blocks of 64 per stream
+    assert all(0 <= int(t.min()) and int(t.max()) < 1000 for t in tokens)
+    # the same tokens as the CPU's own path (numpy sort, tie branch, syncs allowed), whose tie
+    # branch these logits really reach
+    monkeypatch.setattr(T, "sampler_on_host", lambda device: True)
+    sent, reference = [], T.top_p_reference
+    monkeypatch.setattr(T, "top_p_reference", lambda scores, p: sent.append(len(scores)) or reference(scores, p))
+    host = T.sampling_pick(T.rollout_streams(0, 1, range(4), "cpu"), 0.8, 0.9, "cpu")
+    assert all(torch.equal(host(x), t) for x, t in zip(logits, tokens))
+    assert len(sent) > 30
+
+
+def test_uniform_blocks_give_each_stream_its_numbers_one_at_a_time():
+    """The CPU's guarantee: a stream's t-th uniform is its t-th torch.rand(1) draw, across blocks,
+    when rows leave the batch, and after a stream's state is set back (the eager retry)."""
+    def singles(i, n):
+        g = T.rollout_streams(0, 5, [i], "cpu")[0]
+        return [torch.rand(1, 1, generator=g, dtype=torch.float64).item() for _ in range(n)]
+    streams = T.rollout_streams(0, 5, range(4), "cpu")
+    uniforms = T.Uniforms(streams, "cpu")
+    got = {i: [] for i in range(4)}
+    for t in range(150):
+        rows = None if t < 70 else [1, 3] if t < 100 else [3]
+        u = uniforms(rows)
+        for i, x in zip(range(4) if rows is None else rows, u[:, 0].tolist()):
+            got[i].append(x)
+    assert [len(got[i]) for i in range(4)] == [70, 100, 70, 150]
+    assert all(got[i] == singles(i, len(got[i])) for i in range(4))
+    # set back (generate_rollouts before its eager retry): the numbers again from there
+    fresh = T.rollout_streams(0, 5, range(2), "cpu")
+    states, uniforms = [g.get_state() for g in fresh], T.Uniforms(fresh, "cpu")
+    first = [uniforms()[:, 0].tolist() for _ in range(5)]
+    for g, state in zip(fresh, states):
+        g.set_state(state)
+    assert [uniforms()[:, 0].tolist() for _ in range(5)] == first
+    held = [uniforms() for _ in range(64)]  # a refill in between: what was handed out keeps its value
+    assert [u[:, 0].tolist() for u in held] == [[a, b] for a, b in zip(singles(0, 69)[5:], singles(1, 69)[5:])]
+
+
+def test_a_temperature_that_overflows_float32_samples_the_argmax(monkeypatch):
+    """logits / 1e-38 overflows to +-inf for logits above 3.4 (NaN weights, a token out of range
+    before); 1e-46 is 0 in float32 (NaN for a zero logit). Both take the limit temperature -> 0:
+    the argmax, tied maxima sharing. A row whose scores stay finite keeps its numbers."""
+    logits = torch.tensor([[1.0, 7.5, -3.0, 7.0, 0.0], [9.0, 9.0, 2.0, -8.0, 0.0],
+                           [0.5, 0.25, 0.0, 1.0, -1.0], [-5.0, -4.0, -4.5, -6.0, -7.0]])
+    for on_host in (True, False):
+        monkeypatch.setattr(T, "sampler_on_host", lambda device: on_host)
+        for temperature in (1e-38, 1e-46):
+            w = T.nucleus_weights(logits, temperature, 0.9)
+            expected = [[0, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 0, 1, 0], [0, 1, 0, 0, 0]]
+            if temperature == 1e-38:  # row 2's scores (at most 1e38) stay finite: already one-hot
+                assert torch.isfinite(logits[2] / temperature).all()
+            assert w.tolist() == expected, (on_host, temperature)
+            for u in (0.0, 0.3, 0.7, 1 - 2 ** -53):
+                token = T.sample_next_token(logits, temperature, 0.9, torch.full((4, 1), u, dtype=torch.float64))
+                assert token.tolist() == [1, 0 if u < 0.5 else 1, 3, 1]
+    finite = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))  # untouched: the 0.8 numbers
+    scores = finite / 0.8
+    by_hand = (scores - scores.max(-1, keepdim=True).values).exp() * T.top_p_reference(scores, 0.9)
+    assert torch.equal(T.nucleus_weights(finite, 0.8, 0.9), by_hand)
+
+
 # ----------------------------------------------------------------------------------------------
 # Log-probabilities: micro-batches give the one-at-a-time gradient
 

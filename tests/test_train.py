@@ -323,6 +323,40 @@ def test_draws_follow_the_temperature_and_top_p_distribution():
     assert torch.bincount(hot, minlength=6)[5].item() > 500
 
 
+def test_temperature_1e_38_gives_the_greedy_rollouts(tiny_model):
+    """temperature=1e-38 passed validation and then stopped the run (IndexError from a token out
+    of range): logits / 1e-38 overflow float32. Such a row takes the limit temperature -> 0, so
+    every rollout is the greedy decode."""
+    model, _ = tiny_model
+    with torch.no_grad():
+        model.model.norm.weight.mul_(100)  # logits above 3.4: logits / 1e-38 overflows, as a real model's do
+    prompt = torch.tensor([5, 17, 33, 100, 7])
+    with torch.no_grad():
+        assert model(prompt[None]).logits[0, -1].max() > 3.5
+    cfg = T.Config(group_size=3, max_new_tokens=8, temperature=1e-38, top_p=0.9, device="cpu", compile="false")
+    responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, 1, range(3), "cpu"),
+                                       T.nullcontext())
+    greedy, _ = T.decode(model, [prompt], 8, -1, T.greedy_pick, T.nullcontext(), compiled=False)
+    assert [r.tolist() for r in responses] == [greedy[0].tolist()] * 3
+
+
+def test_eval_temperature_1e_40_samples_the_greedy_responses(tiny_model):
+    """eval_samples=2 eval_temperature=1e-40 stopped the same way; each sample is now the greedy one."""
+    import verifier
+
+    model, tok = tiny_model
+    problems = [{"index": i, "problem": "", "answer": "7", "prompt_ids": ids, "level": "unknown", "subject": "unknown",
+                 "unique_id": None} for i, ids in enumerate([[5, 17, 33], [8, 9], [40, 41, 42, 43]])]
+
+    def responses(**settings):
+        cfg = T.Config(device="cpu", eval_problems=3, eval_max_new_tokens=6, eval_batch_size=2, **settings)
+        records = T.evaluate(model, tok, problems, cfg, -1, SimpleNamespace(score=verifier.score), T.nullcontext(),
+                             "before", 0)
+        return [(r["problem_index"], r["sample"], r["response"]) for r in records]
+    greedy = responses(eval_samples=1)
+    assert responses(eval_samples=2, eval_temperature=1e-40) == [(i, s, text) for i, _, text in greedy for s in (0, 1)]
+
+
 # ----------------------------------------------------------------------------------------------
 # Step table
 
