@@ -225,7 +225,7 @@ def test_a_failing_compiled_decoder_falls_back_to_eager_with_the_same_tokens(tin
     cfg = T.Config(group_size=4, max_new_tokens=8, temperature=1.0, top_p=0.9, device="cpu", compile="false")
     eager = _rollouts(model, cfg, T.nullcontext(), seed=3)
 
-    def broken(model, amp):
+    def broken(model, amp, use="rollouts"):
         raise RuntimeError("Inductor could not compile this\nlong details")
     monkeypatch.setattr(T, "static_decoder", broken)
     monkeypatch.setattr(T, "COMPILE_FAILED", [])
