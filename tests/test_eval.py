@@ -350,13 +350,29 @@ def _train_args(model_dir, data, out, *extra):
 def moved(tiny_model_dir, eval_data, tmp_path_factory):
     """One whole run: evaluations before step 1, after step 2 (eval_every) and after step 4."""
     out = tmp_path_factory.mktemp("moved")
+    planned, real_plan = [], T.plan_decode_length
     with pytest.MonkeyPatch.context() as mp:
         _fake_scores(mp)
+        mp.setattr(T, "plan_decode_length", lambda use, problems, new: (
+            planned.append((use, max(len(p["prompt_ids"]) for p in problems), new)), real_plan(use, problems, new)))
         stdout, stderr = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             code = T.main(_train_args(tiny_model_dir, eval_data, out))
+    T.DECODE_LENGTH.clear()
     assert code == 0, stderr.getvalue()
-    return SimpleNamespace(out=out, stdout=stdout.getvalue(), stderr=stderr.getvalue())
+    return SimpleNamespace(out=out, stdout=stdout.getvalue(), stderr=stderr.getvalue(), planned=planned)
+
+
+def test_a_run_sizes_each_static_cache_once_from_its_longest_prompt(moved, tiny_model, eval_data):
+    """run() plans the rollouts' and the evaluation's static caches right after check_problems,
+    from the longest tokenized prompt of each set and its max new tokens (one compile per use)."""
+    _, tok = tiny_model
+    cfg = T.Config()
+
+    def longest(name, n):
+        return max(len(tok(T.build_prompt(cfg.prompt_template, r["problem"]), add_special_tokens=False)["input_ids"])
+                   for r in json.loads((eval_data / name).read_text())[:n])
+    assert moved.planned == [("rollouts", longest("train.json", 4), 1), ("eval", longest("eval.json", 12), 2)]
 
 
 def _records(out):
