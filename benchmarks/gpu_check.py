@@ -200,8 +200,8 @@ def environment(device) -> dict:
             import datasets
 
             env["datasets"] = datasets.__version__
-        except Exception as e:  # installed but broken counts as missing
-            env["datasets"] = f"unusable ({type(e).__name__})"
+        except Exception as e:  # installed but not importable counts as missing
+            env["datasets"] = f"unusable ({type(e).__name__}: {str(e)[:80]})"
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(gpu=props.name, gpu_memory_bytes=props.total_memory, capability=f"{props.major}.{props.minor}")
@@ -712,12 +712,14 @@ def section_probe(args, device, notes: Notes) -> None:
     if decoder is not None:
         notes.set("step_alone_ms_compiled", guarded(notes, "compiled step alone", step_alone, amp, decoder))
         notes.set("whole_token_compiled", guarded(notes, "compiled whole token", whole_token, amp, "true"))
-        notes.set("profile_per_token_compiled", guarded(notes, "compiled profile", per_token_profile, amp, "true"))
     notes.set("step_alone_ms_eager", guarded(notes, "eager step alone", step_alone, amp, None))
     notes.set("whole_token_eager", guarded(notes, "eager whole token", whole_token, amp, "false"))
-    notes.set("profile_per_token_eager", guarded(notes, "eager profile", per_token_profile, amp, "false"))
     notes.set("optimizer", guarded(notes, "optimizer step", optimizer_probe, T, model, device))
     notes.set("peak_memory", peak_memory(device))
+    # The profiler (CUPTI) after the plain timings: if it upsets the CUDA context, they are already saved
+    if decoder is not None:
+        notes.set("profile_per_token_compiled", guarded(notes, "compiled profile", per_token_profile, amp, "true"))
+    notes.set("profile_per_token_eager", guarded(notes, "eager profile", per_token_profile, amp, "false"))
     if compiled:
         for precision in ("fp32", "bf16-autocast", "bf16"):
             if precision == default:
@@ -726,6 +728,8 @@ def section_probe(args, device, notes: Notes) -> None:
                 model.to(torch.bfloat16)  # the last one: the weights stay bf16
             guarded(notes, f"compiled vs eager ({precision})", difference, precision)
     notes.set("peak_memory", peak_memory(device))
+    notes.set("ties", ties)
+    notes.set("dynamo", dynamo_stats())
 
 
 def profile_groups(prof) -> dict:
@@ -980,13 +984,22 @@ def summarize_train(r: dict, run_dir: Path, args) -> tuple[dict, list[tuple[str,
         rows.append(("compiled vs eager (max |logit diff|)", f"{d['worst']:.3g} of scale {d['scale']:.3g}{within}"))
     if s["compile_failed"]:
         rows.append(("compiled decoding FAILED", s["compile_failed"][0][:90]))
-    counts = r["log_counts"]
-    rows.append(("recompiles / graph breaks / cudagraph skips",
-                 f"{counts['recompiles']['count']} / {counts['graph_breaks']['count']} / "
-                 f"{counts['cudagraph_skips']['count']}"))
+    rows += compile_rows(r, s["dynamo"])
     if s["tie_rows_per_token"] is not None:
         rows.append(("top-p tie-path rows per token", f"{s['tie_rows_per_token']:.2f} of {GROUP}"))
     return s, rows
+
+
+def compile_rows(r: dict, dynamo: dict | None) -> list[tuple[str, str]]:
+    """Compile time (dynamo's own clock) and what TORCH_LOGS reported, from a section's log."""
+    counts, rows = r["log_counts"], []
+    spent = (dynamo or {}).get("time_spent")
+    if isinstance(spent, dict) and spent.get("entire_frame_compile") is not None:
+        rows.append(("compile time (dynamo, all graphs)", f"{spent['entire_frame_compile']:.1f} s"))
+    rows.append(("recompiles / graph breaks / cudagraph skips",
+                 f"{counts['recompiles']['count']} / {counts['graph_breaks']['count']} / "
+                 f"{counts['cudagraph_skips']['count']}"))
+    return rows
 
 
 def summarize_eval(r: dict, args) -> tuple[dict, list[tuple[str, str]]]:
@@ -1055,6 +1068,7 @@ def summarize_probe(r: dict) -> tuple[dict, list[tuple[str, str]]]:
                      f"{opt['buffers_on']} {opt['weights_to_buffers_seconds']:.3f} s, AdamW state copy "
                      f"{opt['state_snapshot_seconds']:.3f} s"))
     rows.append(("peak memory", fmt_bytes(s["peak_memory"])))
+    rows += compile_rows(r, c.get("dynamo"))
     if c.get("errors"):
         rows.append(("errors", f"{len(c['errors'])}: {c['errors'][0][:80]}"))
     return s, rows
@@ -1101,12 +1115,11 @@ def main(argv=None) -> int:
     args.work = str(Path(tempfile.mkdtemp(prefix="gpu_check-") if temporary else args.work).resolve())
     if args.threads is None and args.tiny and device.type == "cpu":
         args.threads = 1
-    if args.data_reader == "auto":
-        import importlib.util
-
-        args.data_reader = "datasets" if importlib.util.find_spec("datasets") else "plain"
+    env = environment(device)
+    if args.data_reader == "auto":  # datasets installed and importable, or the plain reader
+        args.data_reader = "datasets" if env["datasets"] and not env["datasets"].startswith("unusable") else "plain"
     result = {"command": " ".join(["python", *sys.argv]),
-              "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "env": environment(device),
+              "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "env": env,
               "settings": {k: getattr(args, k) for k in ("config_dir", "problems", "eval_problems", "tiny", "steps",
                                                          "new_tokens", "eval_count", "eval_tokens", "eval_batch",
                                                          "probe_tokens", "time_limit", "data_reader", "cpu_compile",
