@@ -635,7 +635,13 @@ def section_probe(args, device, notes: Notes) -> None:
 
     def difference(precision):
         """Compile a StaticDecoder for this precision and compare it with eager decoding."""
+        nonlocal model
         getattr(T, "_STATIC_DECODERS", {}).clear()  # one decoder at a time (each holds a cache, maybe a twin)
+        if precision == "bf16":  # loaded as the trainer loads it (model.to() would also cast the rotary buffers)
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.bfloat16).to(device).eval()
         amp = T.autocast(device, precision)
         t0 = time.perf_counter()
         decoder = T.static_decoder(model, amp)
@@ -724,8 +730,6 @@ def section_probe(args, device, notes: Notes) -> None:
         for precision in ("fp32", "bf16-autocast", "bf16"):
             if precision == default:
                 continue
-            if precision == "bf16":
-                model.to(torch.bfloat16)  # the last one: the weights stay bf16
             guarded(notes, f"compiled vs eager ({precision})", difference, precision)
     notes.set("peak_memory", peak_memory(device))
     notes.set("ties", ties)
