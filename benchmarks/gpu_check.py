@@ -61,7 +61,6 @@ import tempfile
 import threading
 import time
 import traceback
-from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -810,9 +809,22 @@ def device_us(event) -> float:
     return float("nan")
 
 
+def watch_parent() -> None:
+    """A section runs in its own process group (so that a timeout stops its workers too); if the
+    check itself is killed outright, the section must not go on holding the GPU: it ends its group."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(2)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def child_main(args) -> int:
     import torch
 
+    watch_parent()
     device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -1097,6 +1109,8 @@ def format_table(result: dict) -> str:
         lines.append(f"{name:16s}{'status':{width + 2}s}{sec['status']} ({sec.get('seconds', 0):.0f} s)")
         for label, value in sec.get("rows", []):
             lines.append(f"{'':16s}{label:{width + 2}s}{value}")
+    if result.get("interrupted"):
+        lines.append(f"interrupted {result['interrupted']}")
     return "\n".join(lines)
 
 
