@@ -692,24 +692,36 @@ def bf16_linear_copy(model) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, t
 
 class StaticDecoder:
     """GPU decoding: a StaticCache (fixed shapes and addresses) and the one-token decode step under
-    torch.compile (mode reduce-overhead, i.e. CUDA graphs, on CUDA), built once per model and kept
-    across steps. The first generation compiles (tens of seconds; the benchmark warms it up outside
-    its timings); a prompt that outgrows the cache makes a larger one (one more compile).
+    torch.compile (mode reduce-overhead, i.e. CUDA graphs, on CUDA), built once per model and use
+    (rollouts, evaluation) and kept across steps. The first generation compiles (tens of seconds; the
+    benchmark warms it up outside its timings). The cache is sized once, from the longest prompt of
+    the data (plan_decode_length, after check_problems): a longer one would need a larger cache and
+    a whole new compile.
+
+    Left-padded batches (evaluation) carry a (rows, cache length) attention mask and each row's
+    position id as graph inputs, updated in place per step; rows that have ended stay in the batch
+    (fed EOS), so every step has the one compiled shape.
 
     Under bf16 autocast it decodes with bf16_linear_copy(model), refreshed from the float32 master
     at the start of every generation, so after every optimizer step: one weight cast per training
     step instead of one per generated token, from exactly the bf16-rounded weights autocast uses.
+    Its cache holds keys and values in bfloat16 (the k-norm's float32 weight makes float32 keys,
+    which the attention casts to bfloat16 under autocast anyway: the same numbers, half the bytes).
 
-    Exact in float32 only: under bf16 autocast the static cache keeps values in bfloat16 (the
-    DynamicCache of eager decoding promotes them to float32) and compiled kernels round
-    differently, so logits differ from the eager decode's by a few bf16 ulps (measured on the CPU:
-    up to 0.125 on logits of scale 6.6 for the compiled step) and sampled tokens can differ."""
+    Exact in float32 only: in bf16 (autocast or bf16 weights) the static cache keeps values in
+    bfloat16 (the DynamicCache of eager decoding promotes them to float32 under autocast) and
+    compiled kernels round differently, so logits differ from the eager decode's by a few bf16 ulps
+    and sampled tokens can differ (see compiled_tolerance)."""
 
     def __init__(self, model, amp):
         self.bf16 = isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16
+        # the dtype the logits are computed in, which sets the compiled-vs-eager tolerance
+        self.low_precision = self.bf16 or next(model.parameters()).dtype == torch.bfloat16
         self.device_type = next(model.parameters()).device.type
         self.model, self.pairs = bf16_linear_copy(model) if self.bf16 else (model, [])
         self.cache, self.cache_len, self.batch_size = None, 0, 0
+        self.mask = self.positions = None  # a padded batch's graph inputs
+        self.filled = 0  # columns of the cache written so far (a Python int: no sync)
         self.cache_name = cache_arg(self.model)
         self.checked = False  # compared with eager decoding at the first generation (check_compiled_decode)
         mode = "reduce-overhead" if self.device_type == "cuda" else "default"
@@ -718,54 +730,103 @@ class StaticDecoder:
     def _amp(self):
         return torch.autocast(self.device_type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
 
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, mask=None, positions=None) -> torch.Tensor:
+        padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
         with self._amp():
-            return next_token_scores(self.model, ids, self.cache, self.cache_name)
+            return next_token_scores(self.model, ids, self.cache, self.cache_name, **padding)
 
-    def prefill(self, batch: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    def prefill(self, batch: torch.Tensor, max_new_tokens: int, mask=None, positions=None,
+                planned: int = 0) -> torch.Tensor:
         """Refresh the bf16 twin, run the prompt eagerly (its length varies) into a DynamicCache,
         then copy that cache into the static one, whose tensors keep their addresses across
-        generations. Keys and values may differ in dtype (Qwen3 under autocast: float32 keys from
-        the k-norm, bfloat16 values), which StaticCache's own lazy allocation cannot hold."""
+        generations. Under autocast keys and values come out in different dtypes (Qwen3: float32
+        keys from the k-norm, bfloat16 values), which StaticCache's own lazy allocation cannot
+        hold: both are stored in bfloat16 (the cast the attention makes anyway). `planned` is the
+        cache length the whole run needs (plan_decode_length), so that it is allocated once."""
         from transformers import DynamicCache, StaticCache
 
         for master, low in self.pairs:
             low.copy_(master)
         prompt_cache = DynamicCache(config=self.model.config)
+        padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
         with self._amp():
-            logits = next_token_scores(self.model, batch, prompt_cache, self.cache_name)
-        need = batch.shape[1] + max_new_tokens
+            logits = next_token_scores(self.model, batch, prompt_cache, self.cache_name, **padding)
+        need = max(batch.shape[1] + max_new_tokens, planned)
         if self.cache is None or need > self.cache_len or batch.shape[0] != self.batch_size:
             self.cache_len, self.batch_size = -(-need // 256) * 256, batch.shape[0]
             self.cache = StaticCache(config=self.model.config, max_cache_len=self.cache_len)
+            self.mask = None
         for src, layer in zip(prompt_cache.layers, self.cache.layers):
             if not layer.is_initialized:
                 layer.lazy_initialization(src.keys, src.values)
-                # DynamicCache's concatenation promoted the bf16 values to the keys' float32; the
-                # static one takes the decode step's bf16 values as they are (the cast is exact)
-                if self.bf16 and layer.values.dtype != torch.bfloat16:
-                    layer.values = torch.zeros_like(layer.values, dtype=torch.bfloat16)
-                    torch._dynamo.mark_static_address(layer.values)
+                if self.bf16:
+                    for name in ("keys", "values"):
+                        if getattr(layer, name).dtype != torch.bfloat16:
+                            setattr(layer, name, torch.zeros_like(getattr(layer, name), dtype=torch.bfloat16))
+                            torch._dynamo.mark_static_address(getattr(layer, name))
             layer.keys[:, :, :src.keys.shape[2]].copy_(src.keys)
             layer.values[:, :, :src.values.shape[2]].copy_(src.values)
             layer.cumulative_length.fill_(src.keys.shape[2])
+        self.filled = batch.shape[1]
+        if mask is not None:  # the columns after the prompt are masked until their token is written
+            if self.mask is None:
+                self.mask = mask.new_zeros(self.batch_size, self.cache_len)
+                self.positions = positions.new_zeros(self.batch_size, 1)
+            self.mask.zero_()[:, :self.filled].copy_(mask)
+            self.positions.copy_(positions[:, -1:])
         return logits
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
         if self.device_type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
-        return self.compiled_step(ids).clone()  # the graph's output buffer is reused by the next step
+        padding = ()
+        if self.mask is not None:  # the new token's column becomes visible; each row moves on by one
+            self.mask[:, self.filled] = 1
+            self.positions += 1
+            padding = (self.mask, self.positions)
+        self.filled += 1
+        with packed_gqa():
+            return self.compiled_step(ids, *padding).clone()  # the graph's output buffer is reused by the next step
 
 
-_STATIC_DECODERS: dict = {}  # id(model) -> (model, amp kind, StaticDecoder)
+@contextmanager
+def packed_gqa():
+    """Grouped-query attention of one query token without repeating K and V to every head:
+    transformers' sdpa path packs the query heads onto the key/value heads for a one-token step
+    when eager (pack_gqa), but under torch.compile with a mask (the static cache always has one) it
+    materializes repeat_kv copies of the whole static cache per layer per step. Same sums, one
+    query matrix per key/value head; the compiled-vs-eager check holds it to eager decoding."""
+    from transformers.integrations import sdpa_attention
+
+    was = sdpa_attention.is_torchdynamo_compiling
+    sdpa_attention.is_torchdynamo_compiling = _traced_as_eager  # one function object: dynamo guards on it
+    try:
+        yield
+    finally:
+        sdpa_attention.is_torchdynamo_compiling = was
 
 
-def static_decoder(model, amp) -> StaticDecoder:
+def _traced_as_eager() -> bool:
+    return False
+
+
+_STATIC_DECODERS: dict = {}  # (id(model), use) -> (model, amp kind, StaticDecoder)
+DECODE_LENGTH: dict = {}  # use ("rollouts", "eval") -> the longest prompt + its max new tokens (plan_decode_length)
+
+
+def plan_decode_length(use: str, problems: list[dict], max_new_tokens: int) -> None:
+    """Size the static cache of `use` once, from the longest tokenized prompt (after check_problems),
+    so that no later prompt makes it grow and recompile the decode step."""
+    DECODE_LENGTH[use] = max((len(p["prompt_ids"]) for p in problems), default=0) + max_new_tokens
+
+
+def static_decoder(model, amp, use: str = "rollouts") -> StaticDecoder:
     key = (isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16)
-    held = _STATIC_DECODERS.get(id(model))
+    held = _STATIC_DECODERS.get((id(model), use))
     if held is None or held[0] is not model or held[1] != key:
-        _STATIC_DECODERS.clear()  # one model per process: free a previous twin and cache
-        held = _STATIC_DECODERS[id(model)] = (model, key, StaticDecoder(model, amp))
+        for k in [k for k, v in _STATIC_DECODERS.items() if v[0] is not model or v[1] != key or k[1] == use]:
+            del _STATIC_DECODERS[k]  # one model per process: free a previous twin and cache
+        held = _STATIC_DECODERS[(id(model), use)] = (model, key, StaticDecoder(model, amp))
     return held[2]
 
 
@@ -803,48 +864,87 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
 
     The model forward is eager with a DynamicCache, or (setting `compile`, default on CUDA) a
     StaticDecoder; the sampling code is the same either way. Both give the model's own full-forward
-    logits: exactly in float32, within a few bf16 ulps under bf16 autocast (see StaticDecoder)."""
+    logits: exactly in float32, within a few bf16 ulps in bf16 (see StaticDecoder)."""
     prompts = [prompt_ids] * len(streams)
     pick = sampling_pick(streams, cfg.temperature, cfg.top_p, prompt_ids.device)
     with weight_cast_cache(amp, prompt_ids.device.type):
-        if compile_decode(cfg, prompt_ids.device) and not COMPILE_FAILED:
-            states = [g.get_state() for g in streams]
-            try:
-                check_compiled_decode(model, prompt_ids, cfg, amp)
-                return decode(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, compiled=True)
-            except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
-                raise
-            except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
-                COMPILE_FAILED.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-                _STATIC_DECODERS.clear()
-                progress(f"compiled decoding failed ({COMPILE_FAILED[0]}); decoding eagerly from now on "
-                         "(compile: false skips the attempt)")
-                for g, state in zip(streams, states):  # the eager retry draws the same random numbers
-                    g.set_state(state)
-        return decode(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, compiled=False)
+        return compiled_or_eager(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, cfg, streams, "rollouts")
+
+
+def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, cfg: Config,
+                      streams: list[torch.Generator], use: str, rows: int | None = None):
+    """decode() through the compiled StaticDecoder of `use` when the `compile` setting asks for it,
+    checked against eager decoding at its first generation; eager after any failure, for the rest
+    of the process. Eager evaluation drops ended rows; the compiled one keeps its shape (`rows`:
+    the batch is filled up to that many rows, so the last batch takes the same graph)."""
+    drop = use == "eval"
+    if compile_decode(cfg, prompts[0].device) and not COMPILE_FAILED:
+        states = [g.get_state() for g in streams]
+        try:
+            check_compiled_decode(model, prompts, max_new_tokens, amp, use, rows)
+            return decode(model, prompts, max_new_tokens, eos_id, pick, amp, compiled=True, use=use, rows=rows)
+        except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
+            raise
+        except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
+            COMPILE_FAILED.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            _STATIC_DECODERS.clear()
+            progress(f"compiled decoding failed ({COMPILE_FAILED[0]}); decoding eagerly from now on "
+                     "(compile: false skips the attempt)")
+            for g, state in zip(streams, states):  # the eager retry draws the same random numbers
+                g.set_state(state)
+    return decode(model, prompts, max_new_tokens, eos_id, pick, amp, compiled=False, drop_finished=drop)
 
 
 COMPILE_FAILED: list[str] = []  # why the compiled decoder failed in this process, if it did
 
 
-def compiled_decode_difference(decoder: StaticDecoder, model, prompt_ids: torch.Tensor, cfg: Config, amp,
-                               steps: int = 4) -> tuple[float, float]:
-    """(max |compiled - eager| over the logits of a prefill and `steps` decode steps, the largest
-    |eager logit|): both fed the same tokens (eager's argmax) from the same prompt, at the
-    generation's batch shape, so the compiled graph checked is the one generation then uses."""
+def eager_decoder(model, batch: torch.Tensor, mask, positions, amp):
+    """Eager decoding with a DynamicCache: the prompt's last logits, and the step function that
+    feeds one token per row (growing the attention mask and moving each row's position by one)."""
     from transformers import DynamicCache
 
-    batch = prompt_ids.unsqueeze(0).repeat(cfg.group_size, 1)
     cache, name = DynamicCache(config=model.config), cache_arg(model)
-    compiled = decoder.prefill(batch, cfg.max_new_tokens)
+    padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
     with amp:
-        eager = next_token_scores(model, batch, cache, name)
+        logits = next_token_scores(model, batch, cache, name, **padding)
+
+    def step(ids):
+        if padding:  # one more real column per row; each row's position moves on by one
+            padding["attention_mask"] = torch.cat([padding["attention_mask"], mask.new_ones(len(ids), 1)], dim=1)
+            padding["position_ids"] = padding["position_ids"][:, -1:] + 1
+        with amp:
+            return next_token_scores(model, ids, cache, name, **padding)
+    return logits, step, cache, padding
+
+
+def filled_batch(prompts: list[torch.Tensor], rows: int | None, pad_id: int):
+    """left_padded(prompts) for the compiled decoder. With `rows` (evaluation): copies of the first
+    prompt appended up to that many rows (the graph's one batch; the extra rows are decoded and
+    thrown away), and always a mask and position ids, so that every batch takes the same graph."""
+    if rows is None:
+        return left_padded(prompts, pad_id)
+    batch, mask, positions = left_padded(list(prompts) + [prompts[0]] * max(0, rows - len(prompts)), pad_id)
+    if mask is None:
+        mask = torch.ones_like(batch)
+        positions = torch.arange(batch.shape[1], device=batch.device).expand_as(batch).clone()
+    return batch, mask, positions
+
+
+def compiled_decode_difference(decoder: StaticDecoder, model, prompts: list[torch.Tensor], max_new_tokens: int,
+                               amp, use: str = "rollouts", rows: int | None = None,
+                               steps: int = 4) -> tuple[float, float]:
+    """(max |compiled - eager| over the logits of a prefill and `steps` decode steps, the largest
+    |eager logit|): both fed the same tokens (eager's argmax) from the same prompts, at the
+    generation's batch shape and cache length, so the compiled graph checked is the one generation
+    then uses."""
+    batch, mask, positions = filled_batch(prompts, rows, 0)
+    compiled = decoder.prefill(batch, max_new_tokens, mask, positions, DECODE_LENGTH.get(use, 0))
+    eager, eager_step, _, _ = eager_decoder(model, batch, mask, positions, amp)
     worst, scale = (compiled.float() - eager.float()).abs().max(), eager.float().abs().max()
     for _ in range(steps):
         ids = eager.argmax(dim=-1, keepdim=True)
         compiled = decoder.step(ids)
-        with amp:
-            eager = next_token_scores(model, ids, cache, name)
+        eager = eager_step(ids)
         worst = torch.maximum(worst, (compiled.float() - eager.float()).abs().max())
         scale = torch.maximum(scale, eager.float().abs().max())
     return float(worst), float(scale)
@@ -853,22 +953,26 @@ def compiled_decode_difference(decoder: StaticDecoder, model, prompt_ids: torch.
 def compiled_tolerance(scale: float, bf16: bool) -> float:
     """How far compiled logits may lie from eager ones: different kernels round differently, by a
     few units in the last place of the compute dtype, relative to the largest |logit| (`scale`).
-    Measured (python benchmarks/compiled_vs_eager.py, CPU inductor, 8 decode steps): float32 up to
-    6e-7 x scale, bf16 autocast up to 6.5e-3 x scale here and 1.9e-2 (0.125 at 6.6) in an earlier
-    measurement. Tolerances: float32 1e-5, bf16 1/16 (8 bf16 ulps): a real fault (a decode step
-    without its context, a stale weight copy) moves logits by a sizeable part of their range."""
+    `bf16`: the logits are computed in bfloat16, under bf16 autocast or from bf16 weights
+    (precision: bf16). Measured (python benchmarks/compiled_vs_eager.py, CPU inductor, 8 decode
+    steps): float32 up to 6e-7 x scale, bf16 autocast up to 6.5e-3 x scale here and 1.9e-2 (0.125
+    at 6.6) in an earlier measurement, bf16 weights up to 7.9e-3 x scale (0.0195 at 2.47 on the
+    stand-in, 6.5e-3 on the tiny model; `--precisions bf16,bf16-autocast --prompts 2`). Tolerances: float32 1e-5,
+    bf16 1/16 (8 bf16 ulps): a real fault (a decode step without its context, a stale weight copy)
+    moves logits by a sizeable part of their range."""
     return (0.0625 if bf16 else 1e-5) * max(scale, 1.0)
 
 
-def check_compiled_decode(model, prompt_ids: torch.Tensor, cfg: Config, amp) -> None:
-    """At the first compiled generation of the process: compare a few decode steps with eager
-    decoding; beyond the tolerance raise, so that generate_rollouts falls back to eager with the
-    difference on stderr."""
-    decoder = static_decoder(model, amp)
+def check_compiled_decode(model, prompts: list[torch.Tensor], max_new_tokens: int, amp, use: str = "rollouts",
+                          rows: int | None = None) -> None:
+    """At the first compiled generation of `use` in the process: compare a few decode steps with
+    eager decoding; beyond the tolerance (or NaN) raise, so that compiled_or_eager falls back to
+    eager with the difference on stderr."""
+    decoder = static_decoder(model, amp, use)
     if decoder.checked:
         return
-    worst, scale = compiled_decode_difference(decoder, model, prompt_ids, cfg, amp)
-    tolerance = compiled_tolerance(scale, decoder.bf16)
+    worst, scale = compiled_decode_difference(decoder, model, prompts, max_new_tokens, amp, use, rows)
+    tolerance = compiled_tolerance(scale, decoder.low_precision)
     if not worst <= tolerance:  # NaN fails too
         raise RuntimeError(f"its logits differ from eager decoding by {worst:.3g} (tolerance {tolerance:.3g} "
                            f"for logits up to {scale:.3g})")
@@ -893,79 +997,75 @@ def left_padded(prompts: list[torch.Tensor], pad_id: int):
     return batch, mask, (mask.cumsum(dim=-1) - 1).masked_fill_(mask == 0, 1)
 
 
+CHECK_EVERY = 8  # decode asks the device whether every row is done (and the scores finite) every this many tokens
+
+
 def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, compiled: bool,
-           drop_finished: bool = False):
+           drop_finished: bool = False, use: str = "rollouts", rows: int | None = None):
     """The one decode loop of rollouts and evaluation: row i continues prompts[i], one token per
     step chosen by pick(logits, rows), a KV cache, until every row has emitted EOS or
     max_new_tokens. Returns each row's response (up to and including its first EOS) and whether
     it was cut at the limit (no EOS).
 
-    Rollouts (drop_finished False): a finished row keeps being fed EOS and its later tokens are
-    dropped, so the batch keeps its shape and its numbers. Evaluation (drop_finished True): a row
-    leaves the batch (cache, mask, positions) at its EOS, so a batch whose rows end at different
-    lengths stops paying for the ended ones; pick then gets the original indices of the rows left.
-    The compiled StaticDecoder serves the rollouts only (one prompt repeated, no padding);
-    evaluation decodes eagerly."""
-    rows, device = len(prompts), prompts[0].device
-    batch, mask, positions = left_padded(prompts, max(eos_id, 0))
+    A finished row keeps being fed EOS and its later tokens are dropped, so the batch keeps its
+    shape and its numbers. The host learns whether all rows are done only every CHECK_EVERY tokens
+    (one sync, not one per token): up to CHECK_EVERY - 1 steps more run, whose tokens are dropped.
+    Eager evaluation (drop_finished True) also lets the ended rows leave the batch (cache, mask,
+    positions) at those checks, so a batch whose rows end at different lengths stops paying for
+    them; pick then gets the original indices of the rows left. The compiled StaticDecoder (`use`:
+    which one) keeps every row, filled up to `rows` rows with copies of the first prompt."""
+    n, device = len(prompts), prompts[0].device
+    safe_id = max(eos_id, 0)  # a valid token id (the pad id), fed in place of ids drawn from unusable scores
     if compiled:
-        assert mask is None and not drop_finished, "the compiled decoder takes one prompt repeated, whole"
-        decoder = static_decoder(model, amp)
-        logits = decoder.prefill(batch, max_new_tokens)
+        decoder = static_decoder(model, amp, use)
+        batch, mask, positions = filled_batch(prompts, rows, safe_id)
+        logits = decoder.prefill(batch, max_new_tokens, mask, positions, DECODE_LENGTH.get(use, 0))
         step = decoder.step
     else:
-        from transformers import DynamicCache
-
-        cache, name = DynamicCache(config=model.config), cache_arg(model)
-        padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
-        with amp:
-            logits = next_token_scores(model, batch, cache, name, **padding)
-
-        def step(ids):
-            if padding:  # one more real column per row; each row's position moves on by one
-                padding["attention_mask"] = torch.cat([padding["attention_mask"], mask.new_ones(len(ids), 1)], dim=1)
-                padding["position_ids"] = padding["position_ids"][:, -1:] + 1
-            with amp:
-                return next_token_scores(model, ids, cache, name, **padding)
-    tokens = torch.full((rows, max_new_tokens), eos_id, dtype=torch.long, device=device)
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
-    live = list(range(rows)) if drop_finished else None  # the rows still in the batch, by original index
+        batch, mask, positions = left_padded(prompts, safe_id)
+        logits, step, cache, padding = eager_decoder(model, batch, mask, positions, amp)
+    width = len(batch)
+    tokens = torch.full((width, max_new_tokens), eos_id, dtype=torch.long, device=device)
+    finished = torch.arange(width, device=device) >= n  # the filler rows are done from the start
+    live = list(range(width)) if drop_finished else None  # the rows still in the batch, by original index
+    index = torch.arange(width, device=device)
+    first_bad = torch.tensor(max_new_tokens + 1, device=device)  # the first new token drawn from unusable scores
+    counts = torch.arange(1, max_new_tokens + 1, device=device)  # counts[t]: a device scalar, no host-to-device copy
     steps = 0
     for t in range(max_new_tokens):
-        if live is None:
-            nxt = torch.where(finished, eos_id, pick(logits))
-            tokens[:, t] = nxt
-            finished |= nxt == eos_id
-        else:
-            nxt = pick(logits, live)
-            ended = nxt == eos_id
-            index = torch.tensor(live, device=device)
-            tokens[index, t] = nxt
-            finished[index] = ended
-        steps = t + 1
-        # one host sync per token, as before: whether all rows are done, and whether the scores were
-        # usable (NaN or +inf would have drawn an out-of-range id, which the next forward trips on)
+        drawn = pick(logits[:n]) if live is None else pick(logits, live)
+        if len(drawn) < len(logits):
+            drawn = torch.cat([drawn, drawn.new_full((len(logits) - len(drawn),), safe_id)])
+        # NaN or +inf scores draw an out-of-range id: it never reaches the next forward (the safe id
+        # goes in its place), and the run stops at the next check, as if it had stopped right here
         unusable = (logits.isnan() | logits.isposinf()).any()
-        done, bad = torch.stack([finished.all(), unusable]).tolist()
-        if bad:
-            raise NonFiniteScores(f"the model's next-token scores are NaN or infinite at new token {t + 1}")
-        if t + 1 == max_new_tokens or done:
-            break
+        first_bad = torch.where(unusable, torch.minimum(first_bad, counts[t]), first_bad)
+        nxt = torch.where(finished[index], eos_id, torch.where(unusable, safe_id, drawn))
+        tokens[index, t] = nxt
+        finished[index] |= nxt == eos_id
+        steps = t + 1
+        if steps % CHECK_EVERY == 0 or steps == max_new_tokens:
+            done, bad = torch.stack([finished.all().long(), first_bad]).tolist()  # the one host sync
+            if bad <= max_new_tokens:
+                raise NonFiniteScores(f"the model's next-token scores are NaN or infinite at new token {bad}")
+            if steps == max_new_tokens or done:
+                break
+            if live is not None and finished[index].any():  # the ended rows leave the batch
+                keep = (~finished[index]).nonzero().squeeze(-1)
+                live = [live[i] for i in keep.tolist()]
+                index = torch.tensor(live, device=device)
+                for layer in cache.layers:
+                    layer.batch_select_indices(keep)
+                for key in padding:
+                    padding[key] = padding[key][keep]
+                nxt = nxt[keep]
         check_stop(local=True)  # safe point for SIGINT/SIGTERM
-        if live is not None and bool(ended.any()):  # the ended rows leave the batch
-            keep = (~ended).nonzero().squeeze(-1)
-            live = [live[i] for i in keep.tolist()]
-            for layer in cache.layers:
-                layer.batch_select_indices(keep)
-            for key in padding:
-                padding[key] = padding[key][keep]
-            nxt = nxt[keep]
-        logits = step(nxt[:, None])
+        logits = step(torch.where(nxt < 0, safe_id, nxt)[:, None])
     responses, cut = [], []
-    for row in tokens[:, :steps]:
+    for row in tokens[:n, :steps]:
         eos_at = (row == eos_id).nonzero()
-        n = int(eos_at[0]) + 1 if len(eos_at) else steps
-        responses.append(row[:n].clone())
+        e = int(eos_at[0]) + 1 if len(eos_at) else steps
+        responses.append(row[:e].clone())
         cut.append(len(eos_at) == 0)
     return responses, cut
 
@@ -1390,12 +1490,15 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, s
     row is computed on its own: greedy is the argmax of its logits, and sample s of problem i draws
     from its own stream (seed, "eval", i, s), the same before and after training (common random
     numbers make the paired comparison fairer). So neither the batch size nor the order changes a
-    token, up to float rounding of the padded batch (it could only flip an exact near-tie)."""
+    token, up to float rounding of the padded batch (it could only flip an exact near-tie).
+    With `compile` on (CUDA by default) the batches decode through the compiled StaticDecoder of
+    "eval": one graph of eval_batch_size x eval_samples rows, checked against eager decoding first."""
     k, device = cfg.eval_samples, next(model.parameters()).device
     order = sorted(range(len(problems)), key=lambda i: (len(problems[i]["prompt_ids"]), i))
     order = order[RANKS.rank::RANKS.world]  # several processes: each its share (every problem alone: all)
     records: list[dict | None] = [None] * (len(problems) * k)
     t0, tokens, failure = time.perf_counter(), 0, None
+    width = min(cfg.eval_batch_size, len(order)) * k  # the compiled decoder's one batch shape
     try:
         with weight_cast_cache(amp, device.type), full_weights(model):
             for start in range(0, len(order), cfg.eval_batch_size):
@@ -1404,13 +1507,13 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, s
                 rows = [(i, s) for i in batch for s in range(k)]
                 prompt = {i: torch.tensor(problems[i]["prompt_ids"], device=device) for i in batch}
                 if k == 1:
-                    pick = greedy_pick
+                    pick, streams = greedy_pick, []
                 else:
                     streams = [torch.Generator(device=device).manual_seed(
                         stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
                     pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
-                responses, cut = decode(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens, eos_id, pick,
-                                        amp, compiled=False, drop_finished=True)
+                responses, cut = compiled_or_eager(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens,
+                                                   eos_id, pick, amp, cfg, streams, "eval", width)
                 texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
                 scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
                 for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):
@@ -2983,9 +3086,11 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     progress(f"loading {cfg.model} on {device} ({precision})")
     model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
     problems = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings)
+    plan_decode_length("rollouts", problems, cfg.max_new_tokens)
     if eval_set:
         eval_set = check_problems(eval_set, cfg, tokenizer, model.config.max_position_embeddings,
                                   cfg.eval_max_new_tokens, "eval_dataset")
+        plan_decode_length("eval", eval_set, cfg.eval_max_new_tokens)
     check_memory(cfg, model, problems, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
@@ -3106,6 +3211,7 @@ def evaluate_only(cfg: Config, device: torch.device, precision: str, od: OutputD
     model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
     eval_set = check_problems(eval_set, cfg, tokenizer, model.config.max_position_embeddings,
                               cfg.eval_max_new_tokens, "eval_dataset")
+    plan_decode_length("eval", eval_set, cfg.eval_max_new_tokens)
     previous_handlers = install_signal_handlers()
     try:
         begin_output(od, cfg)  # an earlier evaluation (overwrite=true) goes now, not before the model loaded

@@ -1,6 +1,7 @@
 """Benchmark of the before/after evaluation: batched greedy decoding against one problem at a time.
 
     python benchmarks/bench_eval.py [--problems 16] [--new-tokens 64] [--batch-sizes 8,1] [--json out.json]
+    python benchmarks/bench_eval.py --lengths forced --batch-sizes 8 --compiled   # + compile=true against eager
     python benchmarks/bench_eval.py --full --problems 500 --new-tokens 2048 --batch-sizes 16 --lengths forced
         # on a GPU: all of MATH-500 on the exact Qwen3-0.6B architecture (random weights, no EOS: the worst case)
 
@@ -58,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--precision", default="auto", choices=T.PRECISIONS)
     p.add_argument("--order-check", action="store_true",
                    help="also time batches in file order against prompt-length order (decode only, forced lengths)")
+    p.add_argument("--compiled", action="store_true",
+                   help="also time evaluation with compile=true against eager (forced lengths, the largest batch size)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", help="write the results here")
     for name in ("layers", "hidden", "intermediate", "heads", "kv-heads", "head-dim"):
@@ -85,8 +88,8 @@ class ImposedLengths(torch.nn.Module):
             rows = list(input_ids) if attention_mask is None else [
                 row[mask.bool()] for row, mask in zip(input_ids, attention_mask)]
             self.targets, self.calls = [self.target(r.tolist()) for r in rows], 0
-        elif input_ids.shape[0] < len(self.targets):  # decode dropped the rows this wrapper just ended
-            self.targets = [t for t in self.targets if t != self.calls]
+        elif input_ids.shape[0] < len(self.targets):  # decode dropped the rows that had ended (at its last check)
+            self.targets = [t for t in self.targets if t > self.calls]
         out = self.inner(input_ids, attention_mask=attention_mask, **kwargs)
         logits = out.logits
         self.calls += 1
@@ -126,6 +129,31 @@ def order_check(model, problems, new_tokens, amp, device, batch=8):
         bench_step.sync(device)
         result[name] = {"seconds": time.perf_counter() - t0, "prompt_padding": 1 - real / padded}
     return result
+
+
+def compiled_check(model, tokenizer, problems, cfg0, scorer, amp, device, size, repeats):
+    """evaluate with compile=true (static cache, one graph, ended rows kept) against compile=false
+    (DynamicCache, ended rows dropped), forced lengths: the compile (and its check against eager)
+    happens in a warm-up outside the timings; then the two alternate, medians of `repeats`."""
+    plan = T.dataclasses.replace(cfg0, eval_batch_size=size)
+    T.plan_decode_length("eval", problems, cfg0.eval_max_new_tokens)
+    t0 = time.perf_counter()
+    time_evaluation(model, tokenizer, problems[:size], T.dataclasses.replace(plan, compile="true"), -1, scorer, amp,
+                    device)
+    warm = time.perf_counter() - t0
+    seconds, texts = {"false": [], "true": []}, {}
+    for rep in range(repeats):
+        for mode in (("false", "true") if rep % 2 == 0 else ("true", "false")):
+            s, tokens, texts[mode] = time_evaluation(model, tokenizer, problems, T.dataclasses.replace(plan, compile=mode),
+                                                     -1, scorer, amp, device)
+            seconds[mode].append(s)
+    eager, compiled = statistics.median(seconds["false"]), statistics.median(seconds["true"])
+    failed = T.COMPILE_FAILED[:1]
+    print(f"compiled evaluation (batch {size}, forced lengths, {tokens} tokens): compile + check {warm:.1f} s; "
+          f"eager {eager:.2f} s, compiled {compiled:.2f} s ({eager / compiled:.2f}x); same responses: "
+          f"{'yes' if texts['false'] == texts['true'] else 'NO'}{'; FELL BACK: ' + failed[0] if failed else ''}")
+    return {"eager_seconds": seconds["false"], "compiled_seconds": seconds["true"], "compile_seconds": warm,
+            "same_responses": texts["false"] == texts["true"], "fell_back": failed}
 
 
 def main(argv=None):
@@ -206,6 +234,10 @@ def main(argv=None):
         print(f"{'met    ' if met else 'NOT met'}  eval_batch_size 8 >= 3x the problems/s of one at a time (forced lengths)")
 
     order = order_check(model, problems, args.new_tokens, amp, device) if args.order_check else None
+    compiled = None
+    if args.compiled:
+        with T.verifier.TimedVerifier(timeout_s=2.0) as scorer:
+            compiled = compiled_check(model, tokenizer, problems, cfg0, scorer, amp, device, max(sizes), args.repeats)
     if order:
         for name, r in order.items():
             print(f"{name:13s} batches of 8, decode only: {r['seconds']:.2f} s, prompt padding {100 * r['prompt_padding']:.1f}%")
@@ -217,7 +249,8 @@ def main(argv=None):
             "model": {"parameters": n_params, "full": args.full, "layers": config.num_hidden_layers,
                       "hidden": config.hidden_size, "vocab": config.vocab_size},
             "problems": len(problems), "new_tokens": args.new_tokens, "repeats": args.repeats,
-            "results": results, "same_responses": same, "order_check": order}, indent=1))
+            "results": results, "same_responses": same, "order_check": order,
+            "compiled": compiled}, indent=1))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import re
+import shutil
 import signal
 from types import SimpleNamespace
 
@@ -114,8 +115,9 @@ class _EchoPositions(torch.nn.Module):
 
 
 @pytest.mark.parametrize("drop_finished", [False, True])
-def test_each_row_counts_its_own_positions_and_stops_at_its_eos(tiny_model, drop_finished):
+def test_each_row_counts_its_own_positions_and_stops_at_its_eos(tiny_model, drop_finished, monkeypatch):
     model, _ = tiny_model
+    monkeypatch.setattr(T, "CHECK_EVERY", 1)  # the end test at every token: rows leave right at their EOS
     echo = _EchoPositions(model.config)
     prompts = [torch.tensor([3, 3, 3, 3]), torch.tensor([3]), torch.tensor([3, 3])]
     responses, cut = T.decode(echo, prompts, 8, 0, T.greedy_pick, T.nullcontext(), compiled=False,
@@ -128,6 +130,14 @@ def test_each_row_counts_its_own_positions_and_stops_at_its_eos(tiny_model, drop
         assert echo.seen[3] == (7, [3, 4]) and echo.seen[5] == (9, [5])
     else:
         assert [len(pos) for _, pos in echo.seen] == [3] * 6
+    echo.seen.clear()
+    monkeypatch.setattr(T, "CHECK_EVERY", 4)  # the end test every 4 tokens: the same responses
+    again, _ = T.decode(echo, prompts, 8, 0, T.greedy_pick, T.nullcontext(), compiled=False,
+                        drop_finished=drop_finished)
+    assert [r.tolist() for r in again] == [r.tolist() for r in responses]
+    # rows leave (and the loop stops) only at the checks after tokens 4 and 8: 8 forwards, not 6;
+    # row 0 (EOS at token 3) leaves at the first check, rows 1 and 2 never need to
+    assert [len(pos) for _, pos in echo.seen] == ([3] * 4 + [2] * 4 if drop_finished else [3] * 8)
 
 
 def _eval_cfg(**kw):
@@ -164,6 +174,41 @@ def test_evaluation_is_the_same_whatever_the_batch_size(tiny_model, samples):
         other_seed = _evaluate(model, tok, _eval_cfg(eval_samples=samples, eval_temperature=1.0, eval_top_p=0.95,
                                                      seed=1))
         assert other_seed != runs[0]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
+@pytest.mark.parametrize("samples", [1, 2])
+def test_compiled_evaluation_gives_the_tokens_of_eager_evaluation(tiny_model, samples, monkeypatch):
+    """compile=true: left-padded batches in a static cache, ended rows fed EOS instead of dropped,
+    the last (smaller) batch filled up to the same shape: one compiled graph, and every record
+    equals eager evaluation's, greedy and sampled, with an EOS that rows reach at different steps."""
+    model, tok = tiny_model
+    problems = _eval_problems()
+    kw = dict(eval_batch_size=2, eval_samples=samples, eval_temperature=1.0, eval_top_p=0.95)
+
+    def run(compile, eos):
+        records = T.evaluate(model, tok, problems, _eval_cfg(compile=compile, **kw), eos, SCORER, T.nullcontext(),
+                             "before", 0)
+        return [{k: r[k] for k in ("problem_index", "sample", "response", "tokens", "cut_at_limit")} for r in records]
+    first = T.greedy_pick if samples == 1 else T.sampling_pick(
+        [torch.Generator().manual_seed(T.stream_seed(T.Config().seed, "eval", 0, 0))], 1.0, 0.95, "cpu")
+    unended = T.decode(model, [torch.tensor(problems[0]["prompt_ids"])], 8, -1, first, T.nullcontext(),
+                       compiled=False)[0][0].tolist()
+    eos = unended[3]  # problem 0's (first sample's) 4th token: some rows end partway, others run to the limit
+    eager = run("false", eos)
+    assert {r["tokens"] for r in eager} != {8} and any(r["cut_at_limit"] for r in eager)
+    monkeypatch.setattr(T, "COMPILE_FAILED", [])
+    T._STATIC_DECODERS.clear()
+    T.plan_decode_length("eval", problems, 8)
+    torch._dynamo.utils.counters.clear()
+    try:
+        assert run("true", eos) == eager
+        decoder = T._STATIC_DECODERS[(id(model), "eval")][2]
+        assert decoder.checked and not T.COMPILE_FAILED and decoder.batch_size == 2 * samples
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # the last batch of 1 took it too
+    finally:
+        T._STATIC_DECODERS.clear()
+        T.DECODE_LENGTH.clear()
 
 
 def test_responses_are_scored_through_the_verifier_with_each_problems_reference():
@@ -305,13 +350,29 @@ def _train_args(model_dir, data, out, *extra):
 def moved(tiny_model_dir, eval_data, tmp_path_factory):
     """One whole run: evaluations before step 1, after step 2 (eval_every) and after step 4."""
     out = tmp_path_factory.mktemp("moved")
+    planned, real_plan = [], T.plan_decode_length
     with pytest.MonkeyPatch.context() as mp:
         _fake_scores(mp)
+        mp.setattr(T, "plan_decode_length", lambda use, problems, new: (
+            planned.append((use, max(len(p["prompt_ids"]) for p in problems), new)), real_plan(use, problems, new)))
         stdout, stderr = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             code = T.main(_train_args(tiny_model_dir, eval_data, out))
+    T.DECODE_LENGTH.clear()
     assert code == 0, stderr.getvalue()
-    return SimpleNamespace(out=out, stdout=stdout.getvalue(), stderr=stderr.getvalue())
+    return SimpleNamespace(out=out, stdout=stdout.getvalue(), stderr=stderr.getvalue(), planned=planned)
+
+
+def test_a_run_sizes_each_static_cache_once_from_its_longest_prompt(moved, tiny_model, eval_data):
+    """run() plans the rollouts' and the evaluation's static caches right after check_problems,
+    from the longest tokenized prompt of each set and its max new tokens (one compile per use)."""
+    _, tok = tiny_model
+    cfg = T.Config()
+
+    def longest(name, n):
+        return max(len(tok(T.build_prompt(cfg.prompt_template, r["problem"]), add_special_tokens=False)["input_ids"])
+                   for r in json.loads((eval_data / name).read_text())[:n])
+    assert moved.planned == [("rollouts", longest("train.json", 4), 1), ("eval", longest("eval.json", 12), 2)]
 
 
 def _records(out):

@@ -332,7 +332,7 @@ def test_a_failing_compiled_decoder_falls_back_to_eager_with_the_same_tokens(tin
     cfg = T.Config(group_size=4, max_new_tokens=8, temperature=1.0, top_p=0.9, device="cpu", compile="false")
     eager = _rollouts(model, cfg, T.nullcontext(), seed=3)
 
-    def broken(model, amp):
+    def broken(model, amp, use="rollouts"):
         raise RuntimeError("Inductor could not compile this\nlong details")
     monkeypatch.setattr(T, "static_decoder", broken)
     monkeypatch.setattr(T, "COMPILE_FAILED", [])
@@ -341,3 +341,103 @@ def test_a_failing_compiled_decoder_falls_back_to_eager_with_the_same_tokens(tin
     assert "compiled decoding failed (RuntimeError: Inductor could not compile this); decoding eagerly" in capsys.readouterr().err
     assert _rollouts(model, cfg, T.nullcontext(), seed=3) == eager  # and stays eager, without a new attempt
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
+def test_bf16_weights_keep_the_compiled_decoder(tiny_model, monkeypatch, capsys):
+    """precision: bf16 (bfloat16 weights, no autocast) computes its logits in bfloat16: the check
+    holds it to the bf16 tolerance, not float32's, so the compiled decoder is kept."""
+    model, _ = tiny_model
+    model = model.to(torch.bfloat16)
+    cfg = T.Config(group_size=2, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu", compile="true",
+                   precision="bf16")
+    monkeypatch.setattr(T, "COMPILE_FAILED", [])
+    T._STATIC_DECODERS.clear()
+    try:
+        responses = _rollouts(model, cfg, T.nullcontext())
+        decoder = T.static_decoder(model, T.nullcontext())
+        worst, scale = T.compiled_decode_difference(decoder, model, [torch.tensor([5, 17, 33, 100, 7])] * 2, 6,
+                                                    T.nullcontext())
+    finally:
+        T._STATIC_DECODERS.clear()
+    assert "compiled decoding failed" not in capsys.readouterr().err and not T.COMPILE_FAILED
+    assert decoder.checked and decoder.low_precision and len(responses) == 2
+    assert T.compiled_tolerance(scale, False) < worst <= T.compiled_tolerance(scale, True)  # float32's would fail
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
+def test_one_compile_per_run_whatever_the_prompt_lengths_and_the_rank_share(tiny_model, monkeypatch):
+    """The static cache is sized once from the longest prompt (plan_decode_length), and the check
+    runs at the batch the process decodes (2 of a group of 4 on each of two ranks): a run with a
+    short and then a long prompt compiles the decode step once."""
+    model, _ = tiny_model
+    cfg = T.Config(group_size=4, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu", compile="true")
+    prompts = [torch.arange(1, 6), torch.arange(1, 301) % 250 + 1]  # 5 + 6 fits 256 columns, 300 + 6 does not
+    monkeypatch.setattr(T, "COMPILE_FAILED", [])
+    T._STATIC_DECODERS.clear()
+    T.plan_decode_length("rollouts", [{"prompt_ids": p.tolist()} for p in prompts], cfg.max_new_tokens)
+    torch._dynamo.utils.counters.clear()
+    try:
+        for step, prompt in enumerate(prompts):
+            responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, step, [2, 3], "cpu"),
+                                               T.nullcontext())  # rank 1 of 2: rollouts 2 and 3
+            assert len(responses) == 2 and not T.COMPILE_FAILED
+        assert T.static_decoder(model, T.nullcontext()).cache_len == 512
+    finally:
+        T._STATIC_DECODERS.clear()
+        T.DECODE_LENGTH.clear()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def _host_syncs(fn) -> tuple[int, int]:
+    """(calls that make the host wait for the device: item, tolist, bool, nonzero, as seen by a
+    TorchFunctionMode; aten::item / _local_scalar_dense / nonzero events in the profiler). On the
+    CPU `tolist` dispatches no aten op, so the profiler alone would miss it."""
+    from torch.overrides import TorchFunctionMode
+
+    names = {"item", "tolist", "__bool__", "nonzero", "__int__", "__float__"}
+
+    class Count(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Count.n += getattr(func, "__name__", "") in names
+            return func(*args, **(kwargs or {}))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, Count():
+        fn()
+    events = sum(e.count for e in prof.key_averages()
+                 if e.key in ("aten::item", "aten::_local_scalar_dense", "aten::nonzero"))
+    return Count.n, events
+
+
+def test_the_decode_loop_syncs_with_the_host_once_every_8_tokens(tiny_model):
+    """Greedy (a pick with no sync of its own), no EOS, 24 tokens against 8: the 16 more tokens
+    cost the decode loop 2 syncs (the end tests after tokens 16 and 24), not 16 (one per token).
+    Eager evaluation's loop (left-padded, drop_finished) adds one `any` per check, where it had a
+    `bool(ended.any())` per token: in the profiler 2 aten events per token are left, those of
+    transformers' own padding check (an item per forward), plus 2 per check (36, not 64)."""
+    model, _ = tiny_model
+
+    def more(prompts, **kw):
+        (short, short_events), (long, long_events) = (_host_syncs(lambda: T.decode(
+            model, prompts, n, -1, T.greedy_pick, T.nullcontext(), compiled=False, **kw)) for n in (8, 24))
+        return long - short, long_events - short_events
+    assert more([torch.tensor([5, 17, 33])] * 2) == (2, 0)  # the CPU's tolist: no aten event, hence the mode count
+    assert more([torch.tensor([5, 17, 33]), torch.tensor([9])], drop_finished=True) == (16 + 4, 32 + 4)
+
+
+def test_nan_scores_never_reach_the_embedding_and_stop_at_the_next_check(tiny_model, monkeypatch):
+    """Scores that turn NaN at new token 3 draw an out-of-range id; the loop feeds the safe id in
+    its place until the check after token 8 raises, naming token 3."""
+    model, _ = tiny_model
+    seen, real = [], T.next_token_scores
+
+    def poisoned(model, ids, cache, name, **kw):
+        seen.append(int(ids.max()))
+        logits = real(model, ids, cache, name, **kw)
+        return logits * float("nan") if len(seen) >= 3 else logits
+    monkeypatch.setattr(T, "next_token_scores", poisoned)
+    pick = T.sampling_pick(T.rollout_streams(0, 1, range(2), "cpu"), 1.0, 0.9, "cpu")
+    with pytest.raises(T.NonFiniteScores, match="NaN or infinite at new token 3$"):
+        T.decode(model, [torch.tensor([5, 17, 33])] * 2, 12, -1, pick, T.nullcontext(), compiled=False)
+    assert len(seen) == 8 and max(seen) < model.config.vocab_size  # prefill + 7 steps, every id in range
