@@ -1497,47 +1497,49 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, s
     order = sorted(range(len(problems)), key=lambda i: (len(problems[i]["prompt_ids"]), i))
     order = order[RANKS.rank::RANKS.world]  # several processes: each its share (every problem alone: all)
     records: list[dict | None] = [None] * (len(problems) * k)
-    t0, tokens, failure = time.perf_counter(), 0, None
+    t0, tokens = time.perf_counter(), 0
     width = min(cfg.eval_batch_size, len(order)) * k  # the compiled decoder's one batch shape
-    try:
-        with weight_cast_cache(amp, device.type), full_weights(model):
-            for start in range(0, len(order), cfg.eval_batch_size):
-                check_stop(local=True)  # safe point for SIGINT/SIGTERM (ranks run different numbers of batches)
-                batch = order[start:start + cfg.eval_batch_size]
-                rows = [(i, s) for i in batch for s in range(k)]
-                prompt = {i: torch.tensor(problems[i]["prompt_ids"], device=device) for i in batch}
-                if k == 1:
-                    pick, streams = greedy_pick, []
-                else:
-                    streams = [torch.Generator(device=device).manual_seed(
-                        stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
-                    pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
-                responses, cut = compiled_or_eager(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens,
-                                                   eos_id, pick, amp, cfg, streams, "eval", width)
-                texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
-                scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
-                for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):
-                    p = problems[i]
-                    records[i * k + s] = {
-                        "phase": phase, "step": step, "problem_index": p["index"], "unique_id": p.get("unique_id"),
-                        "level": p.get("level", "unknown"), "subject": p.get("subject", "unknown"), "sample": s,
-                        "response": text, "answer": answer, "reference": p["answer"], "status": status,
-                        "reward": reward, "tokens": len(response), "cut_at_limit": was_cut,
-                    }
-                tokens += sum(len(r) for r in responses)
-                eval_progress(phase, start + len(batch), len(order), time.perf_counter() - t0, tokens)
-    except Interrupted:  # several processes: this share is abandoned, the check below stops every rank
-        if RANKS.world == 1:
-            raise
-    except torch.OutOfMemoryError:
-        if RANKS.world == 1:
-            raise
-        failure = eval_out_of_memory(cfg, phase)
-    check_stop(failure=failure)  # several processes: an interrupt or a failure in any share stops them all
+    # several processes: an interrupt or a failure in any rank's share stops them all
+    with agreed(phase, None, cfg=cfg), weight_cast_cache(amp, device.type), full_weights(model):
+        for start in range(0, len(order), cfg.eval_batch_size):
+            check_stop(local=True)  # safe point for SIGINT/SIGTERM (ranks run different numbers of batches)
+            batch = order[start:start + cfg.eval_batch_size]
+            tokens += evaluate_batch(model, tokenizer, problems, batch, records, cfg, eos_id, scorer, amp, phase,
+                                     step, width)
+            eval_progress(phase, start + len(batch), len(order), time.perf_counter() - t0, tokens)
     shares = gather_objects([(n, r) for n, r in enumerate(records) if r is not None])
     for n, r in (x for share in shares for x in share):
         records[n] = r
     return records
+
+
+def evaluate_batch(model, tokenizer, problems: list[dict], batch: list[int], records: list, cfg: Config, eos_id: int,
+                   scorer, amp, phase: str, step: int | None, width: int) -> int:
+    """Decode and score one batch of problems (eval_samples rows each) into `records`; returns the
+    tokens generated. Greedy is the argmax; sample s of problem i draws from its stream (seed,
+    "eval", i, s)."""
+    k, device = cfg.eval_samples, next(model.parameters()).device
+    rows = [(i, s) for i in batch for s in range(k)]
+    prompt = {i: torch.tensor(problems[i]["prompt_ids"], device=device) for i in batch}
+    if k == 1:
+        pick, streams = greedy_pick, []
+    else:
+        streams = [torch.Generator(device=device).manual_seed(
+            stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
+        pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
+    responses, cut = compiled_or_eager(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens,
+                                       eos_id, pick, amp, cfg, streams, "eval", width)
+    texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
+    scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
+    for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):
+        p = problems[i]
+        records[i * k + s] = {
+            "phase": phase, "step": step, "problem_index": p["index"], "unique_id": p.get("unique_id"),
+            "level": p.get("level", "unknown"), "subject": p.get("subject", "unknown"), "sample": s,
+            "response": text, "answer": answer, "reference": p["answer"], "status": status,
+            "reward": reward, "tokens": len(response), "cut_at_limit": was_cut,
+        }
+    return sum(len(r) for r in responses)
 
 
 # Statistics
@@ -1698,11 +1700,6 @@ def eval_steps_done(records: list[dict], cfg: Config) -> list[int] | None:
     """What a checkpoint records of the evaluations: the steps whose weights were evaluated (None
     when evaluation is off, so its state.json stays as before)."""
     return sorted({r["step"] for r in records}) if cfg.eval_problems else None
-
-
-def eval_out_of_memory(cfg: Config, phase: str) -> str:
-    return (f"CUDA out of memory in the {phase} evaluation ({cfg.eval_batch_size} problems x {cfg.eval_samples} "
-            f"responses of up to {cfg.eval_max_new_tokens} tokens); lower eval_batch_size or eval_max_new_tokens")
 
 
 # What the user reads
