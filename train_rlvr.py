@@ -419,7 +419,8 @@ def load_records(source: str, split: str, fields: dict[str, str], start: int, co
     ds = open_dataset(source, split, setting)
     for key, field in fields.items():
         if field not in ds.column_names:
-            raise UserError(f"{setting} has no field '{field}' (set {key}); its fields are: {', '.join(ds.column_names)}")
+            raise UserError(f"{setting} has no field '{field}' (set {key}); "
+                            f"its fields are: {', '.join(ds.column_names)}")
     end = start + count
     if len(ds) < end:
         raise UserError(f"{setting} has {len(ds)} records but {' + '.join(count_keys)} = {end}; "
@@ -1735,7 +1736,8 @@ def format_eval_table(summary: dict) -> str:
     s, phases = summary["settings"], summary["phases"]
     names = [n for n in ("before", "after") if n in phases] or [n for n in phases if n == "model"] or list(phases)[-1:]
     k = phases[names[0]]["samples"]
-    how = "greedy" if k == 1 else f"{k} samples per problem at temperature {s['eval_temperature']}, top-p {s['eval_top_p']}"
+    how = ("greedy" if k == 1 else
+           f"{k} samples per problem at temperature {s['eval_temperature']}, top-p {s['eval_top_p']}")
     lines = [f"evaluation: {phases[names[0]]['problems']} problems of {s['eval_dataset']}"
              f"{' (' + s['eval_split'] + ')' if not Path(s['eval_dataset']).suffix else ''}, {how}, "
              f"up to {s['eval_max_new_tokens']} new tokens; intervals: 95 % Wilson"]
@@ -2492,9 +2494,10 @@ def init_processes(cfg: Config, device: torch.device) -> None:
 
     import torch.distributed as dist
 
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.set_device(device)  # object collectives on NCCL use the current device
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None,
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
                             timeout=datetime.timedelta(seconds=cfg.dist_timeout))
     RANKS.rank, RANKS.world, RANKS.device = dist.get_rank(), dist.get_world_size(), str(device)
     RANKS.sharding = "fsdp" if cfg.sharding == "fsdp" else "replicate"
@@ -2999,7 +3002,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:  # several processes: a collective that timed out or lost its peer
         if RANKS.world == 1:
             raise
-        lost_contact(f"waiting for the other ranks failed ({str(e).splitlines()[0][:160] if str(e) else type(e).__name__})")
+        detail = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        lost_contact(f"waiting for the other ranks failed ({detail})")
     finally:
         if od is not None:
             release_output_dir(od)
@@ -3091,7 +3095,8 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     check_memory(cfg, model, problems, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id, update_norm_buffers(params, device))
+    t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id,
+                update_norm_buffers(params, device))
     s = RunState(od.path, argv, problems, list(eval_set))
     if od.resume_from is not None:
         s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
@@ -3214,7 +3219,8 @@ def evaluate_only(cfg: Config, device: torch.device, precision: str, od: OutputD
         begin_output(od, cfg)  # an earlier evaluation (overwrite=true) goes now, not before the model loaded
         with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
             t0 = time.perf_counter()
-            records = evaluate(model, tokenizer, eval_set, cfg, eos_id, scorer, autocast(device, precision), "model", None)
+            records = evaluate(model, tokenizer, eval_set, cfg, eos_id, scorer, autocast(device, precision),
+                               "model", None)
     except Interrupted:
         progress(f"stopped by {signal.Signals(STOP['signal']).name} during the evaluation; no result written")
         return stop_code()
