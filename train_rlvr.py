@@ -765,6 +765,7 @@ class StaticDecoder:
                         if getattr(layer, name).dtype != torch.bfloat16:
                             setattr(layer, name, torch.zeros_like(getattr(layer, name), dtype=torch.bfloat16))
                             torch._dynamo.mark_static_address(getattr(layer, name))
+                    layer.update = stored_as_cache_dtype(layer)
             layer.keys[:, :, :src.keys.shape[2]].copy_(src.keys)
             layer.values[:, :, :src.values.shape[2]].copy_(src.values)
             layer.cumulative_length.fill_(src.keys.shape[2])
@@ -788,6 +789,18 @@ class StaticDecoder:
         self.filled += 1
         with packed_gqa():
             return self.compiled_step(ids, *padding).clone()  # the graph's output buffer is reused by the next step
+
+
+def stored_as_cache_dtype(layer):
+    """The layer's update, casting the new keys and values to the cache's dtype first (bfloat16
+    under autocast, where the k-norm gives float32 keys): what Inductor's index_copy_ does
+    implicitly, so the compiled numbers stay, and the step also runs uncompiled (eager index_copy_
+    refuses two dtypes), e.g. under TORCH_COMPILE_DISABLE."""
+    update = layer.update
+
+    def cast_update(key_states, value_states, *args, **kwargs):
+        return update(key_states.to(layer.keys.dtype), value_states.to(layer.values.dtype), *args, **kwargs)
+    return cast_update
 
 
 @contextmanager

@@ -473,7 +473,7 @@ def instrument(T, device, notes: Notes) -> dict:
             worst, scale = real(*a, **k)
             decoder = arg(a, k, 0, "decoder")
             notes.add("differences", {"worst": worst, "scale": scale, "seconds": time.perf_counter() - t0,
-                                      "bf16": getattr(decoder, "bf16", None),
+                                      "bf16": getattr(decoder, "low_precision", None),
                                       "weights_dtype": str(next(arg(a, k, 1, "model").parameters()).dtype)})
             return worst, scale
         return compiled_decode_difference
@@ -645,9 +645,9 @@ def section_probe(args, device, notes: Notes) -> None:
         t0 = time.perf_counter()
         decoder = T.static_decoder(model, amp)
         with torch.no_grad():
-            worst, scale = T.compiled_decode_difference(decoder, model, prompt, cfg, amp)
+            worst, scale = T.compiled_decode_difference(decoder, model, [prompt] * GROUP, n2, amp)
         seconds = time.perf_counter() - t0
-        tolerance = T.compiled_tolerance(scale, decoder.bf16)
+        tolerance = T.compiled_tolerance(scale, decoder.low_precision)  # bf16 autocast or bf16 weights
         decoder.checked = True  # generate_rollouts below takes this one as checked
         notes.add("compiled_vs_eager", {"precision": precision, "worst": worst, "scale": scale, "tolerance": tolerance,
                                         "passed": bool(worst <= tolerance), "compile_and_check_seconds": seconds})
