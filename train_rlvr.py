@@ -1862,7 +1862,8 @@ def agreed(phase: str, step: int | None, **facts):
     signal at one of its local safe points) becomes its message (fault_message); at its end every
     rank learns whether any rank failed or was signalled, and they stop together (check_stop).
     One process: at once."""
-    note(f"step {step}: {phase}" if step is not None else f"the {phase} evaluation")
+    where = f"step {step}: {phase}" if step is not None else f"the {phase} evaluation"
+    note(where)
     failure = None
     try:
         yield
@@ -1871,6 +1872,7 @@ def agreed(phase: str, step: int | None, **facts):
     except Interrupted:
         if RANKS.world == 1:
             raise
+    note(f"{where}, done: waiting for the other ranks")  # a rank that never gets here is the one that hangs
     check_stop(failure=failure)
 
 
