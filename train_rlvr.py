@@ -10,7 +10,8 @@ With eval_problems > 0 it also evaluates the model on MATH-500 (greedy by defaul
 and after the last step, and prints a before/after table; num_problems=0 evaluates a model only.
 
 Read top to bottom: config, data and prompt, rollouts, rewards, advantages, log-probabilities and
-loss, optimizer step, logging, evaluation, checkpoints, main.
+loss, optimizer step, logging, evaluation, checkpoints, several processes, main. To follow one step,
+start at train_step (in main): each of the spec's moves is one call, into the sections above.
 """
 
 from __future__ import annotations
@@ -418,7 +419,8 @@ def load_records(source: str, split: str, fields: dict[str, str], start: int, co
     ds = open_dataset(source, split, setting)
     for key, field in fields.items():
         if field not in ds.column_names:
-            raise UserError(f"{setting} has no field '{field}' (set {key}); its fields are: {', '.join(ds.column_names)}")
+            raise UserError(f"{setting} has no field '{field}' (set {key}); "
+                            f"its fields are: {', '.join(ds.column_names)}")
     end = start + count
     if len(ds) < end:
         raise UserError(f"{setting} has {len(ds)} records but {' + '.join(count_keys)} = {end}; "
@@ -1509,47 +1511,49 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, s
     order = sorted(range(len(problems)), key=lambda i: (len(problems[i]["prompt_ids"]), i))
     order = order[RANKS.rank::RANKS.world]  # several processes: each its share (every problem alone: all)
     records: list[dict | None] = [None] * (len(problems) * k)
-    t0, tokens, failure = time.perf_counter(), 0, None
+    t0, tokens = time.perf_counter(), 0
     width = min(cfg.eval_batch_size, len(order)) * k  # the compiled decoder's one batch shape
-    try:
-        with weight_cast_cache(amp, device.type), full_weights(model):
-            for start in range(0, len(order), cfg.eval_batch_size):
-                check_stop(local=True)  # safe point for SIGINT/SIGTERM (ranks run different numbers of batches)
-                batch = order[start:start + cfg.eval_batch_size]
-                rows = [(i, s) for i in batch for s in range(k)]
-                prompt = {i: torch.tensor(problems[i]["prompt_ids"], device=device) for i in batch}
-                if k == 1:
-                    pick, streams = greedy_pick, []
-                else:
-                    streams = [torch.Generator(device=device).manual_seed(
-                        stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
-                    pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
-                responses, cut = compiled_or_eager(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens,
-                                                   eos_id, pick, amp, cfg, streams, "eval", width)
-                texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
-                scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
-                for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):
-                    p = problems[i]
-                    records[i * k + s] = {
-                        "phase": phase, "step": step, "problem_index": p["index"], "unique_id": p.get("unique_id"),
-                        "level": p.get("level", "unknown"), "subject": p.get("subject", "unknown"), "sample": s,
-                        "response": text, "answer": answer, "reference": p["answer"], "status": status,
-                        "reward": reward, "tokens": len(response), "cut_at_limit": was_cut,
-                    }
-                tokens += sum(len(r) for r in responses)
-                eval_progress(phase, start + len(batch), len(order), time.perf_counter() - t0, tokens)
-    except Interrupted:  # several processes: this share is abandoned, the check below stops every rank
-        if RANKS.world == 1:
-            raise
-    except torch.OutOfMemoryError:
-        if RANKS.world == 1:
-            raise
-        failure = eval_out_of_memory(cfg, phase)
-    check_stop(failure=failure)  # several processes: an interrupt or a failure in any share stops them all
+    # several processes: an interrupt or a failure in any rank's share stops them all
+    with agreed(phase, None, cfg=cfg), weight_cast_cache(amp, device.type), full_weights(model):
+        for start in range(0, len(order), cfg.eval_batch_size):
+            check_stop(local=True)  # safe point for SIGINT/SIGTERM (ranks run different numbers of batches)
+            batch = order[start:start + cfg.eval_batch_size]
+            tokens += evaluate_batch(model, tokenizer, problems, batch, records, cfg, eos_id, scorer, amp, phase,
+                                     step, width)
+            eval_progress(phase, start + len(batch), len(order), time.perf_counter() - t0, tokens)
     shares = gather_objects([(n, r) for n, r in enumerate(records) if r is not None])
     for n, r in (x for share in shares for x in share):
         records[n] = r
     return records
+
+
+def evaluate_batch(model, tokenizer, problems: list[dict], batch: list[int], records: list, cfg: Config, eos_id: int,
+                   scorer, amp, phase: str, step: int | None, width: int) -> int:
+    """Decode and score one batch of problems (eval_samples rows each) into `records`; returns the
+    tokens generated. Greedy is the argmax; sample s of problem i draws from its stream (seed,
+    "eval", i, s)."""
+    k, device = cfg.eval_samples, next(model.parameters()).device
+    rows = [(i, s) for i in batch for s in range(k)]
+    prompt = {i: torch.tensor(problems[i]["prompt_ids"], device=device) for i in batch}
+    if k == 1:
+        pick, streams = greedy_pick, []
+    else:
+        streams = [torch.Generator(device=device).manual_seed(
+            stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
+        pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
+    responses, cut = compiled_or_eager(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens,
+                                       eos_id, pick, amp, cfg, streams, "eval", width)
+    texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
+    scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
+    for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):
+        p = problems[i]
+        records[i * k + s] = {
+            "phase": phase, "step": step, "problem_index": p["index"], "unique_id": p.get("unique_id"),
+            "level": p.get("level", "unknown"), "subject": p.get("subject", "unknown"), "sample": s,
+            "response": text, "answer": answer, "reference": p["answer"], "status": status,
+            "reward": reward, "tokens": len(response), "cut_at_limit": was_cut,
+        }
+    return sum(len(r) for r in responses)
 
 
 # Statistics
@@ -1712,35 +1716,6 @@ def eval_steps_done(records: list[dict], cfg: Config) -> list[int] | None:
     return sorted({r["step"] for r in records}) if cfg.eval_problems else None
 
 
-def evaluate_if_due(step: int, last_step: int, log: list[dict], problems: list[dict], cfg: Config, out: Path,
-                    model, tokenizer, eos_id: int, scorer, amp) -> str | None:
-    """Evaluate the weights after `step` if the settings ask for it there and `log` does not hold it
-    yet; the records join `log` and the eval files are rewritten. Returns why the run must stop
-    (a signal, or CUDA out of memory, during the evaluation), or None."""
-    if not problems or not evaluation_due(cfg, step, last_step) or any(r["step"] == step for r in log):
-        return None
-    phase = eval_phase(step, last_step)
-    t0 = time.perf_counter()
-    try:
-        records = evaluate(model, tokenizer, problems, cfg, eos_id, scorer, amp, phase, step)
-    except Interrupted:
-        return f"stopped by {signal.Signals(STOP['signal']).name} during the {phase} evaluation"
-    except torch.OutOfMemoryError:
-        return eval_out_of_memory(cfg, phase)
-    except StopRun as e:  # several processes: one rank's share ran out of memory
-        return str(e)
-    note(f"after the {phase} evaluation")
-    log.extend(records)
-    write_eval_files(out, log, cfg)
-    progress(eval_line(phase, records, cfg.eval_samples, time.perf_counter() - t0))
-    return None
-
-
-def eval_out_of_memory(cfg: Config, phase: str) -> str:
-    return (f"CUDA out of memory in the {phase} evaluation ({cfg.eval_batch_size} problems x {cfg.eval_samples} "
-            f"responses of up to {cfg.eval_max_new_tokens} tokens); lower eval_batch_size or eval_max_new_tokens")
-
-
 # What the user reads
 
 def _percent(x: float) -> str:
@@ -1774,7 +1749,8 @@ def format_eval_table(summary: dict) -> str:
     s, phases = summary["settings"], summary["phases"]
     names = [n for n in ("before", "after") if n in phases] or [n for n in phases if n == "model"] or list(phases)[-1:]
     k = phases[names[0]]["samples"]
-    how = "greedy" if k == 1 else f"{k} samples per problem at temperature {s['eval_temperature']}, top-p {s['eval_top_p']}"
+    how = ("greedy" if k == 1 else
+           f"{k} samples per problem at temperature {s['eval_temperature']}, top-p {s['eval_top_p']}")
     lines = [f"evaluation: {phases[names[0]]['problems']} problems of {s['eval_dataset']}"
              f"{' (' + s['eval_split'] + ')' if not Path(s['eval_dataset']).suffix else ''}, {how}, "
              f"up to {s['eval_max_new_tokens']} new tokens; intervals: 95 % Wilson"]
@@ -1844,7 +1820,12 @@ class Interrupted(Exception):
 
 
 class StopRun(Exception):
-    """A reason to stop after checkpointing the last completed step (out of memory, bad numbers)."""
+    """Why the run stops early, raised where it happens, with its exit status (1 unless a signal):
+    stop_run then checkpoints the last completed step and prints the command that resumes."""
+
+    def __init__(self, reason: str, code: int = 1):
+        super().__init__(reason)
+        self.code = code
 
 
 STOP = {"signal": None}  # set by the signal handler, read at safe points
@@ -1858,7 +1839,7 @@ def check_stop(local: bool = False, failure: str | None = None) -> None:
     Several processes stop together or not at all: at these points every rank says whether a
     signal reached it or its share failed (a collective), and all of them stop if one did. Points
     that ranks reach a different number of times (decode steps, evaluation batches) check this
-    rank alone (local); an interrupt there waits for the next agreed point (see interruptible)."""
+    rank alone (local); an interrupt there waits for the end of its phase (see agreed)."""
     signum = STOP["signal"] or 0
     if local or RANKS.world == 1:
         if failure:
@@ -1875,6 +1856,45 @@ def check_stop(local: bool = False, failure: str | None = None) -> None:
         raise Interrupted()
 
 
+@contextmanager
+def agreed(phase: str, step: int | None, **facts):
+    """A phase that every rank runs. A fault inside it (CUDA out of memory, unusable scores, a
+    signal at one of its local safe points) becomes its message (fault_message); at its end every
+    rank learns whether any rank failed or was signalled, and they stop together (check_stop).
+    One process: at once."""
+    where = f"step {step}: {phase}" if step is not None else f"the {phase} evaluation"
+    note(where)
+    failure = None
+    try:
+        yield
+    except (torch.OutOfMemoryError, NonFiniteScores) as e:
+        failure = fault_message(e, phase, step, **facts)
+    except Interrupted:
+        if RANKS.world == 1:
+            raise
+    note(f"{where}, done: waiting for the other ranks")  # a rank that never gets here is the one that hangs
+    check_stop(failure=failure)
+
+
+def fault_message(error: Exception, phase: str, step: int | None, cfg: Config, prompt_tokens: int = 0,
+                  rollouts: int = 0, longest: int = 0) -> str:
+    """What the user reads when a phase cannot go on: every fault's message, in one place."""
+    if isinstance(error, NonFiniteScores):
+        where = f"step {step}" if step is not None else f"the {phase} evaluation"
+        return (f"{where}: {error}; the weights no longer give finite scores (lower learning_rate; "
+                "the checkpoint holds the last completed step)")
+    if phase == "generation":
+        return (f"CUDA out of memory at step {step} while generating {rollouts} rollouts of up to "
+                f"{cfg.max_new_tokens} tokens after a {prompt_tokens}-token prompt; lower max_new_tokens "
+                "or group_size, or set precision: bf16")
+    if phase == "backward":
+        return (f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
+                f"tokens after a {prompt_tokens}-token prompt; lower max_new_tokens, set "
+                "logprob_batch_size: 1 or precision: bf16")
+    return (f"CUDA out of memory in the {phase} evaluation ({cfg.eval_batch_size} problems x {cfg.eval_samples} "
+            f"responses of up to {cfg.eval_max_new_tokens} tokens); lower eval_batch_size or eval_max_new_tokens")
+
+
 def agreed_signal() -> int:
     """The signal that stops the run now, if any: this process's, or (several processes) any rank's."""
     signum = STOP["signal"] or 0
@@ -1882,17 +1902,6 @@ def agreed_signal() -> int:
     if signum:
         STOP["signal"] = signum
     return signum
-
-
-def interruptible(fn, *args):
-    """fn(*args), whose local safe points may raise Interrupted: in one process that stops the run;
-    with several, this rank's share is abandoned and the next check_stop stops every rank."""
-    try:
-        return fn(*args)
-    except Interrupted:
-        if RANKS.world == 1:
-            raise
-        return None
 
 
 def install_signal_handlers() -> dict:
@@ -2500,9 +2509,10 @@ def init_processes(cfg: Config, device: torch.device) -> None:
 
     import torch.distributed as dist
 
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.set_device(device)  # object collectives on NCCL use the current device
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None,
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
                             timeout=datetime.timedelta(seconds=cfg.dist_timeout))
     RANKS.rank, RANKS.world, RANKS.device = dist.get_rank(), dist.get_world_size(), str(device)
     RANKS.sharding = "fsdp" if cfg.sharding == "fsdp" else "replicate"
@@ -2750,119 +2760,155 @@ def start_watchdog(silence: float) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# main
+# main: the step and the loop
+#
+# train_step is the spec's step, one call per move; each move's function exchanges with the other
+# processes what it needs (their shares of the group) itself. A fault is raised where it happens
+# (agreed turns it into its message, fault_message); run's loop ends every early stop in stop_run.
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@dataclass
+class Trainer:
+    """What every step uses: the settings, the model and its optimizer, the verifier, and buffers
+    reused from step to step (the weights and AdamW state before the optimizer step)."""
+    cfg: Config
+    model: torch.nn.Module
+    tokenizer: object
+    params: list
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    precision: str
+    eos_id: int
+    weights_before: list
+    state_before: dict = dataclasses.field(default_factory=dict)
+    scorer: verifier.TimedVerifier | None = None  # started with the loop
 
 
-def train_step(step, problem, model, tokenizer, params, optimizer, scorer, cfg, device, precision,
-               eos_id, weights_before=None, state_before=None) -> tuple[dict, list[dict]]:
-    """One problem: rollouts, rewards, advantages, per-response backward, clip, one AdamW step.
-    With several processes this rank samples, scores and backpropagates its share of the group
-    (rank_share); the group's rewards, texts and log-probabilities are exchanged (gather_objects)
-    and its gradients summed (sum_gradients); one process has the whole group."""
-    amp = autocast(device, precision)
-    timings = {}
-    t0 = time.perf_counter()
+@dataclass
+class Group:
+    """The whole group's rollouts, in rollout order (gathered from every rank)."""
+    texts: list[str]
+    scored: list[tuple]  # (reward, extracted answer, status) per rollout
+    tokens: list[int]
+    cut: list[bool]
+    rewards: torch.Tensor
 
-    prompt_ids = torch.tensor(problem["prompt_ids"], device=device)  # tokenized once, by check_problems
-    mine = rank_share(cfg.group_size)
-    progress(f"[step {step}] generating {cfg.group_size} rollouts (problem {problem['index']})")
-    note(f"step {step}: generation")
-    failure = None
-    try:
-        with full_weights(model):
-            generated = interruptible(generate_rollouts, model, prompt_ids, cfg, eos_id,
-                                      rollout_streams(cfg.seed, step, mine, device), amp)
-    except torch.OutOfMemoryError:
-        failure = (f"CUDA out of memory at step {step} while generating {len(mine)} rollouts of up to "
-                   f"{cfg.max_new_tokens} tokens after a {len(prompt_ids)}-token prompt; lower max_new_tokens "
-                   "or group_size, or set precision: bf16")
-    except NonFiniteScores as e:
-        failure = (f"step {step}: {e}; the weights no longer give finite scores (lower learning_rate; "
-                   "the checkpoint holds the last completed step)")
-    sync(device)
-    timings["generation"] = time.perf_counter() - t0
+
+def train_step(step: int, problem: dict, t: Trainer) -> tuple[dict, list[dict]]:
+    """One problem, one AdamW step: sample the group, score it, standardize the rewards within it,
+    backpropagate the policy loss one response at a time, clip and step, report."""
+    clock = Stopwatch(t.device)
+    prompt_ids = torch.tensor(problem["prompt_ids"], device=t.device)  # tokenized once, by check_problems
+    responses, cut = sample_group(step, problem, prompt_ids, t)  # this rank's share (one process: all)
+    clock.lap("generation")
+    group = score_group(step, responses, cut, problem["answer"], t)
+    clock.lap("rewards")
+    advantages = compute_advantages(group.rewards, t.cfg.std_eps)
+    loss, seq_log_probs = backpropagate_group(step, prompt_ids, responses, advantages, t)
+    clock.lap("logprob_backward")
+    grad_norm, moved = optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.weights_before,
+                                      t.state_before)
+    clock.lap("optimizer")
+    return step_report(step, problem, t.cfg, group, advantages, loss, seq_log_probs, grad_norm, moved, clock)
+
+
+def sample_group(step: int, problem: dict, prompt_ids: torch.Tensor, t: Trainer):
+    """This rank's rollouts of the group (rank_share; one process: all of them), each drawn from
+    its own random stream, so the tokens do not depend on the number of processes."""
+    mine = rank_share(t.cfg.group_size)
+    progress(f"[step {step}] generating {t.cfg.group_size} rollouts (problem {problem['index']})")
+    with agreed("generation", step, rollouts=len(mine), prompt_tokens=len(prompt_ids), cfg=t.cfg), \
+            full_weights(t.model):
+        return generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id,
+                                 rollout_streams(t.cfg.seed, step, mine, t.device), autocast(t.device, t.precision))
+
+
+def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answer: str, t: Trainer) -> Group:
+    """Score this rank's rollouts with the verifier; every rank receives the whole group (the
+    advantages standardize over all of it)."""
     note(f"step {step}: rewards")
-    check_stop(failure=failure)
-    responses, cut = generated
-
-    t = time.perf_counter()
-    texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
-    scored = score_rollouts(scorer, texts, problem["answer"])
+    texts = [t.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
+    scored = score_rollouts(t.scorer, texts, answer)
     group = [x for share in gather_objects((texts, scored, [len(r) for r in responses], cut)) for x in zip(*share)]
-    all_texts, all_scored, all_tokens, all_cut = map(list, zip(*group))  # the whole group, in rollout order
-    rewards = torch.tensor([s[0] for s in all_scored], dtype=torch.float32)
-    timings["rewards"] = time.perf_counter() - t
-    check_stop()
-
-    advantages = compute_advantages(rewards, cfg.std_eps)
-    t = time.perf_counter()
+    texts, scored, tokens, cut = map(list, zip(*group))
+    rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
+    check_stop()  # safe point for SIGINT/SIGTERM
     progress(f"[step {step}] rewards {rewards.tolist()}; backward")
-    note(f"step {step}: backward")
-    try:
+    return Group(texts, scored, tokens, cut, rewards)
+
+
+def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor],
+                        advantages: torch.Tensor, t: Trainer) -> tuple[float, list]:
+    """accumulate_policy_gradient over this rank's responses, one at a time; the gradients summed
+    across ranks, so every rank holds the whole group's. Returns the group's policy loss and its
+    sequence log-probabilities (Nones in a zero-variance group)."""
+    mine = rank_share(t.cfg.group_size)
+    with agreed("backward", step, longest=max(len(r) for r in responses), prompt_tokens=len(prompt_ids), cfg=t.cfg):
         loss, seq_log_probs = accumulate_policy_gradient(
-            model, params, prompt_ids, responses, advantages[mine.start:mine.stop].to(device), cfg.group_size, amp,
-            cfg.logprob_batch_size)
-    except torch.OutOfMemoryError:
-        longest = max(len(r) for r in responses)
-        failure = (f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
-                   f"tokens after a {len(prompt_ids)}-token prompt; lower max_new_tokens, set "
-                   "logprob_batch_size: 1 or precision: bf16")
-        loss, seq_log_probs = 0.0, []
-    check_stop(failure=failure)
+            t.model, t.params, prompt_ids, responses, advantages[mine.start:mine.stop].to(t.device),
+            t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size)
     if not bool((advantages == 0).all()):
-        sum_gradients(params)
+        sum_gradients(t.params)
     shares = gather_objects((loss, seq_log_probs))
-    loss = sum(share[0] for share in shares)  # one process: its own total
-    seq_log_probs = [x for share in shares for x in share[1]]
-    sync(device)
-    timings["logprob_backward"] = time.perf_counter() - t
     note(f"step {step}: optimizer step")
-    check_stop()
+    check_stop()  # the last safe point: nothing of this step has touched the weights or AdamW yet
+    return sum(share[0] for share in shares), [x for share in shares for x in share[1]]
 
-    t = time.perf_counter()
-    grad_norm, moved = optimizer_step(params, optimizer, cfg.max_grad_norm, loss, weights_before, state_before)
-    sync(device)
-    timings["optimizer"] = time.perf_counter() - t
-    timings["step"] = time.perf_counter() - t0
 
-    statuses = [s[2] for s in all_scored]
+def step_report(step, problem, cfg, group: Group, advantages, loss, seq_log_probs, grad_norm, moved,
+                clock) -> tuple[dict, list[dict]]:
+    """The step's metrics (one table row, metrics.jsonl) and its rollouts (rollouts.jsonl)."""
+    statuses = [s[2] for s in group.scored]
     metrics = {
         "step": step,
         "problem_index": problem["index"],
         "group_size": cfg.group_size,
-        "correct": int((rewards == 1).sum()),
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std(unbiased=True)),
-        "response_tokens": sum(all_tokens),
+        "correct": int((group.rewards == 1).sum()),
+        "reward_mean": float(group.rewards.mean()),
+        "reward_std": float(group.rewards.std(unbiased=True)),
+        "response_tokens": sum(group.tokens),
         "policy_loss": loss,
         "grad_norm": grad_norm,
         "update_norm": moved,
         "skipped": moved is None,
-        "seconds": timings["step"],
-        "cut_at_limit": sum(all_cut),
+        "seconds": clock.total(),
+        "cut_at_limit": sum(group.cut),
         "no_answer": statuses.count("no_answer"),
         "verifier_timeouts": statuses.count("timeout"),
         "verifier_crashes": statuses.count("crash"),
-        "timings": timings,
+        "timings": clock.timings,
     }
     rollouts = [{
         "step": step,
         "problem_index": problem["index"],
         "rollout": i,
-        "response": all_texts[i],
-        "answer": all_scored[i][1],
-        "status": all_scored[i][2],
-        "reward": all_scored[i][0],
+        "response": group.texts[i],
+        "answer": group.scored[i][1],
+        "status": group.scored[i][2],
+        "reward": group.scored[i][0],
         "advantage": float(advantages[i]),
-        "tokens": all_tokens[i],
-        "cut_at_limit": all_cut[i],
+        "tokens": group.tokens[i],
+        "cut_at_limit": group.cut[i],
         "sequence_log_prob": seq_log_probs[i],
     } for i in range(cfg.group_size)]
     return metrics, rollouts
+
+
+class Stopwatch:
+    """A step's phase timings. On CUDA each lap waits for the GPU, so a phase is charged its own kernels."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.timings = device, {}
+        self.start = self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.timings[phase], self.last = now - self.last, now
+
+    def total(self) -> float:
+        self.timings["step"] = self.last - self.start
+        return self.timings["step"]
 
 
 def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
@@ -2971,7 +3017,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:  # several processes: a collective that timed out or lost its peer
         if RANKS.world == 1:
             raise
-        lost_contact(f"waiting for the other ranks failed ({str(e).splitlines()[0][:160] if str(e) else type(e).__name__})")
+        detail = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        lost_contact(f"waiting for the other ranks failed ({detail})")
     finally:
         if od is not None:
             release_output_dir(od)
@@ -2992,29 +3039,66 @@ def shared_output_dir(cfg: Config) -> OutputDir:
     return od if process_rank() == 0 else dataclasses.replace(od, lock_fd=-1, created=False)
 
 
-def write_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, problems: list[dict],
-                     eval_log: list[dict], argv: list[str]) -> str | None:
-    """save_checkpoint, or why it could not be written (a full disk: the previous ones are intact),
-    on every rank alike. Replicas are compared first: a checkpoint holds weights every rank has."""
-    progress(f"[step {step}] writing checkpoint")
-    try:
-        check_replicas([p for p in model.parameters() if p.requires_grad])
-        save_checkpoint(out, step, model, optimizer, cfg, next_record(problems, step), eval_steps_done(eval_log, cfg))
-        failed = None
-    except StopRun as e:
-        failed = str(e)
-    failed = from_rank0(failed)
-    if failed is None:
-        STOP_HINT["text"] = (f"The checkpoint of step {step} in {out / 'checkpoints'} is complete; to continue: "
-                             f"{resume_command(argv)}")
-    return failed
+@dataclass
+class RunState:
+    """Where a run is: the steps done (their metrics), the evaluations, the last checkpoint written."""
+    out: Path
+    argv: list[str]
+    problems: list[dict]
+    eval_set: list[dict]
+    history: list[dict] = dataclasses.field(default_factory=list)
+    eval_log: list[dict] = dataclasses.field(default_factory=list)
+    last_saved: int = 0
+    step: int = 0  # the step being trained
+    started: float = 0.0
 
 
 def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
         argv: list[str], eval_set: list[dict] = ()) -> int:
+    """The loop: evaluate before; for each problem: train, log, evaluate if due, checkpoint if due;
+    evaluate after the last; save. Every way of stopping early ends in stop_run."""
+    t, s = load_training(cfg, device, precision, od, problems, argv, eval_set)
+    previous_handlers = install_signal_handlers()
+    try:
+        with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as t.scorer:
+            begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
+            s.eval_log = on_rank0(read_eval_log, s.out, eval_steps_in(od.resume_from), len(s.problems))
+            say(format_header(cfg.group_size))
+            for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
+                say(format_row(m))
+            s.started = time.perf_counter()
+            if evaluate_if_due(len(s.history), t, s) and s.history:  # the base model, or what a stopped run left
+                write_checkpoint(len(s.history), t, s)  # resumed: the checkpoint of this step now records it
+            for step in range(len(s.history) + 1, len(s.problems) + 1):
+                s.step = step
+                metrics, rollouts = train_step(step, s.problems[step - 1], t)
+                log_step(metrics, rollouts, t, s)
+                evaluate_if_due(step, t, s)  # after step N (eval_every) or after the last step
+                checkpoint_if_due(step, t, s)
+    except (Interrupted, StopRun) as e:
+        return stop_run(e, t, s)
+    finally:
+        for sig, h in previous_handlers.items():
+            signal.signal(sig, h)
+    progress(f"saving the final model to {s.out / 'final'}")
+    try:
+        save_final(t.model, t.tokenizer, s.out)
+    except OSError as e:
+        progress(f"could not write {s.out / 'final'} ({e.strerror or e}); the checkpoint of step {len(s.history)} "
+                 f"is complete: free some space, then {resume_command(argv)} writes final/")
+        return 1
+    say(format_summary(s.history, time.perf_counter() - s.started))
+    if s.eval_log:
+        say("\n" + format_eval_table(write_eval_files(s.out, s.eval_log, cfg)))
+    return 0
+
+
+def load_training(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
+                  argv: list[str], eval_set: list[dict]) -> tuple[Trainer, RunState]:
+    """The model, the optimizer and the checked problems; a resumed run's weights, AdamW state and
+    steps done. Nothing in output_dir changes here."""
     random.seed(cfg.seed)  # nothing here draws from these; seeded so that nothing a model does can vary
     torch.manual_seed(cfg.seed)
-    out = od.path
     progress(f"loading {cfg.model} on {device} ({precision})")
     model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
     problems = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings)
@@ -3026,104 +3110,108 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
     check_memory(cfg, model, problems, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    weights_before, state_before = update_norm_buffers(params, device), {}
-
-    history = []
+    t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id,
+                update_norm_buffers(params, device))
+    s = RunState(od.path, argv, problems, list(eval_set))
     if od.resume_from is not None:
-        history = load_checkpoint(od.resume_from, model, optimizer, problems)
-        progress(f"resumed from {od.resume_from} after step {len(history)}")
+        s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
+        s.last_saved = len(s.history)
+        progress(f"resumed from {od.resume_from} after step {len(s.history)}")
+    return t, s
 
-    previous_handlers = install_signal_handlers()
-    try:
-        begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
-        eval_log = on_rank0(read_eval_log, out, eval_steps_in(od.resume_from), len(problems))  # the checkpoint's
-        say(format_header(cfg.group_size))
-        for m in history:  # a resumed run shows the whole table, as an uninterrupted one would
-            say(format_row(m))
-        start = time.perf_counter()
-        last_saved = len(history) if od.resume_from is not None else 0
-        stop_reason, exit_code = None, 0
-        with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
-            evaluate_due = functools.partial(evaluate_if_due, last_step=len(problems), log=eval_log, problems=eval_set,
-                                             cfg=cfg, out=out, model=model, tokenizer=tokenizer, eos_id=eos_id,
-                                             scorer=scorer, amp=autocast(device, precision))
-            evaluated = len(eval_log)
-            stop_reason = evaluate_due(len(history))  # the base model before step 1, or what a stopped run left
-            if len(eval_log) > evaluated and history:  # resumed: the checkpoint of this step now records it
-                stop_reason = stop_reason or write_checkpoint(out, len(history), model, optimizer, cfg, problems,
-                                                              eval_log, argv)
-            exit_code = stop_code() if stop_reason else 0
-            for step in range(len(history) + 1, len(problems) + 1):
-                if stop_reason:
-                    break
-                try:
-                    metrics, rollouts = train_step(step, problems[step - 1], model, tokenizer, params, optimizer,
-                                                   scorer, cfg, device, precision, eos_id, weights_before,
-                                                   state_before)
-                except Interrupted:
-                    exit_code = 128 + STOP["signal"]
-                    stop_reason = f"stopped by {signal.Signals(STOP['signal']).name} during step {step}"
-                except StopRun as e:
-                    exit_code, stop_reason = 1, str(e)
-                if stop_reason:
-                    break
-                append_jsonl(out / "metrics.jsonl", [metrics])
-                append_jsonl(out / "rollouts.jsonl", rollouts)
-                history.append(metrics)
-                say(format_row(metrics))
-                bad = 0
-                while bad < len(history) and history[-1 - bad]["skipped"]:
-                    bad += 1
-                if bad >= cfg.max_bad_steps:
-                    exit_code = 1
-                    stop_reason = (f"{bad} steps in a row had a non-finite loss, gradient norm or update (the last "
-                                   f"at step {step}); lower learning_rate or check the data and the model")
-                    break
-                stop_reason = evaluate_due(step)  # after step N (eval_every) or after the last step
-                if stop_reason:
-                    exit_code = stop_code()
-                    break
-                signalled = agreed_signal()  # arrived during the optimizer step (on any rank): the step is complete
-                if (cfg.save_every and step % cfg.save_every == 0) or step == len(problems) or signalled:
-                    failed = write_checkpoint(out, step, model, optimizer, cfg, problems, eval_log, argv)
-                    if failed:
-                        exit_code, stop_reason = 1, failed
-                        break
-                    last_saved = step
-                if signalled:
-                    exit_code = 128 + STOP["signal"]
-                    stop_reason = f"stopped by {signal.Signals(STOP['signal']).name} after step {step}"
-                    break
-        if stop_reason:
-            if len(history) > last_saved and not stop_reason.startswith("no space left"):
-                failed = write_checkpoint(out, len(history), model, optimizer, cfg, problems, eval_log, argv)
-                stop_reason = f"{stop_reason}; {failed}" if failed else stop_reason
-                last_saved = last_saved if failed else len(history)
-            if last_saved == len(history) and history:
-                done = f"checkpoint of step {last_saved} in {out / 'checkpoints'}"
-            elif last_saved:
-                done = (f"the last checkpoint is step {last_saved}; metrics.jsonl and rollouts.jsonl keep steps 1-"
-                        f"{len(history)}, and resuming redoes steps {last_saved + 1}-{len(history)} with the same "
-                        "random streams")
-            else:
-                done = "no checkpoint was written" if history else "no step completed"
-            progress(f"{stop_reason}; {done}. To continue: {resume_command(argv)}")
-            return exit_code
-    finally:
-        for sig, h in previous_handlers.items():
-            signal.signal(sig, h)
 
-    progress(f"saving the final model to {out / 'final'}")
+def log_step(metrics: dict, rollouts: list[dict], t: Trainer, s: RunState) -> None:
+    """The step's row on stdout and its lines in metrics.jsonl and rollouts.jsonl. After
+    max_bad_steps non-finite steps in a row (each one undone) the run stops."""
+    append_jsonl(s.out / "metrics.jsonl", [metrics])
+    append_jsonl(s.out / "rollouts.jsonl", rollouts)
+    s.history.append(metrics)
+    say(format_row(metrics))
+    bad = 0
+    while bad < len(s.history) and s.history[-1 - bad]["skipped"]:
+        bad += 1
+    if bad >= t.cfg.max_bad_steps:
+        raise StopRun(f"{bad} steps in a row had a non-finite loss, gradient norm or update (the last at step "
+                      f"{metrics['step']}); lower learning_rate or check the data and the model")
+
+
+def evaluate_if_due(step: int, t: Trainer, s: RunState) -> bool:
+    """Evaluate the weights after `step` if the settings ask for it there and the log does not hold
+    it yet; the records join the log and the eval files are rewritten. Returns whether it
+    evaluated. A signal or CUDA out of memory during the evaluation stops the run."""
+    cfg, last = t.cfg, len(s.problems)
+    if not s.eval_set or not evaluation_due(cfg, step, last) or any(r["step"] == step for r in s.eval_log):
+        return False
+    phase = eval_phase(step, last)
+    t0 = time.perf_counter()
     try:
-        save_final(model, tokenizer, out)
-    except OSError as e:
-        progress(f"could not write {out / 'final'} ({e.strerror or e}); the checkpoint of step {len(history)} is "
-                 f"complete: free some space, then {resume_command(argv)} writes final/")
-        return 1
-    say(format_summary(history, time.perf_counter() - start))
-    if eval_log:
-        say("\n" + format_eval_table(write_eval_files(out, eval_log, cfg)))
-    return 0
+        records = evaluate(t.model, t.tokenizer, s.eval_set, cfg, t.eos_id, t.scorer, autocast(t.device, t.precision),
+                           phase, step)
+    except Interrupted:
+        raise StopRun(f"stopped by {signal.Signals(STOP['signal']).name} during the {phase} evaluation",
+                      stop_code()) from None
+    except StopRun as e:  # CUDA out of memory (on any rank)
+        raise StopRun(str(e), stop_code()) from None
+    note(f"after the {phase} evaluation")
+    s.eval_log.extend(records)
+    write_eval_files(s.out, s.eval_log, cfg)
+    progress(eval_line(phase, records, cfg.eval_samples, time.perf_counter() - t0))
+    return True
+
+
+def checkpoint_if_due(step: int, t: Trainer, s: RunState) -> None:
+    """A checkpoint every save_every steps and after the last; and when a signal arrived during
+    the optimizer step (on any rank): the step is complete, so it is saved, and the run stops."""
+    signalled = agreed_signal()
+    if (t.cfg.save_every and step % t.cfg.save_every == 0) or step == len(s.problems) or signalled:
+        write_checkpoint(step, t, s)
+    if signalled:
+        raise StopRun(f"stopped by {signal.Signals(signalled).name} after step {step}", 128 + signalled)
+
+
+def write_checkpoint(step: int, t: Trainer, s: RunState) -> None:
+    """save_checkpoint on every rank alike; replicas are compared first, as a checkpoint holds
+    weights every rank has. One that cannot be written (a full disk; the previous ones are intact)
+    stops the run."""
+    progress(f"[step {step}] writing checkpoint")
+    try:
+        check_replicas(t.params)
+        save_checkpoint(s.out, step, t.model, t.optimizer, t.cfg, next_record(s.problems, step),
+                        eval_steps_done(s.eval_log, t.cfg))
+        failed = None
+    except StopRun as e:
+        failed = str(e)
+    failed = from_rank0(failed)
+    if failed is not None:
+        raise StopRun(failed)
+    s.last_saved = step
+    STOP_HINT["text"] = (f"The checkpoint of step {step} in {s.out / 'checkpoints'} is complete; to continue: "
+                         f"{resume_command(s.argv)}")
+
+
+def stop_run(e: Interrupted | StopRun, t: Trainer, s: RunState) -> int:
+    """Every early stop ends here (a signal, a fault, too many bad steps, a checkpoint that cannot
+    be written): write the checkpoint of the last completed step if it is missing, say what is
+    kept, and print the command that resumes, once. Returns the exit status."""
+    if isinstance(e, Interrupted):
+        reason, code = f"stopped by {signal.Signals(STOP['signal']).name} during step {s.step}", stop_code()
+    else:
+        reason, code = str(e), e.code
+    if len(s.history) > s.last_saved and not reason.startswith("no space left"):
+        try:
+            write_checkpoint(len(s.history), t, s)
+        except StopRun as failed:
+            reason = f"{reason}; {failed}"
+    done, saved = len(s.history), s.last_saved
+    if saved == done and done:
+        kept = f"checkpoint of step {saved} in {s.out / 'checkpoints'}"
+    elif saved:
+        kept = (f"the last checkpoint is step {saved}; metrics.jsonl and rollouts.jsonl keep steps 1-{done}, and "
+                f"resuming redoes steps {saved + 1}-{done} with the same random streams")
+    else:
+        kept = "no checkpoint was written" if done else "no step completed"
+    progress(f"{reason}; {kept}. To continue: {resume_command(s.argv)}")
+    return code
 
 
 def stop_code() -> int:
@@ -3146,12 +3234,13 @@ def evaluate_only(cfg: Config, device: torch.device, precision: str, od: OutputD
         begin_output(od, cfg)  # an earlier evaluation (overwrite=true) goes now, not before the model loaded
         with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
             t0 = time.perf_counter()
-            records = evaluate(model, tokenizer, eval_set, cfg, eos_id, scorer, autocast(device, precision), "model", None)
+            records = evaluate(model, tokenizer, eval_set, cfg, eos_id, scorer, autocast(device, precision),
+                               "model", None)
     except Interrupted:
         progress(f"stopped by {signal.Signals(STOP['signal']).name} during the evaluation; no result written")
         return stop_code()
-    except torch.OutOfMemoryError:
-        progress(eval_out_of_memory(cfg, "model") + "; no result written")
+    except StopRun as e:  # CUDA out of memory
+        progress(f"{e}; no result written")
         return 1
     finally:
         for sig, h in previous_handlers.items():

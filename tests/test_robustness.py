@@ -842,6 +842,6 @@ def test_a_torchrun_refusal_is_rlvrs_line_once_then_torchruns_summary_of_exit_2(
     assert re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: 2 ", root_cause), proc.stderr  # rank 0 said it
     others = re.findall(r"rank\s+: 1 \(local_rank: 1\)\n\s+exitcode\s+: (\S+)", proc.stderr)
     assert others in (["2"], ["-15"]), proc.stderr  # rank 1: exit 2 too, or torchrun's SIGTERM while it waited
-    torchrun = (ROOT / "README.md").read_text().split("## Several GPUs or machines (torchrun)")[1].split("\n## ")[0]
+    torchrun = (ROOT / "docs" / "torchrun.md").read_text()
     assert "exitcode  : 2" in torchrun and "ChildFailedError" in torchrun and "exits with status 1" in torchrun
     assert not (tmp_path / "o").exists()
