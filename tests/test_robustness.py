@@ -575,34 +575,13 @@ def test_a_group_that_cannot_be_allocated_is_refused_before_step_1(tmp_path, cap
 # 8. Compiled decoding is checked against eager decoding at the first generation
 
 
-def test_a_compiled_decoder_giving_nan_logits_falls_back_to_eager(tiny_model, monkeypatch, capsys):
-    """NaN is no difference within the tolerance (`not worst <= tol`): a compiled step whose logits
-    are NaN is thrown away at the check, and the rollouts are eager's (no compile needed here)."""
-    model, _ = tiny_model
-    cfg = T.Config(group_size=2, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu", compile="false")
-    prompt = torch.tensor([5, 17, 33, 100, 7])
-
-    def rollouts():
-        responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, 1, range(2), "cpu"),
-                                           T.nullcontext())
-        return [r.tolist() for r in responses]
-    eager = rollouts()
-    cfg.compile = "true"
-    monkeypatch.setattr(T, "COMPILE_FAILED", [])
-    T._STATIC_DECODERS.clear()
-    decoder = T.static_decoder(model, T.nullcontext())
-    monkeypatch.setattr(decoder, "compiled_step", lambda ids: decoder._forward(ids) * float("nan"))  # the fault
-    try:
-        assert rollouts() == eager
-    finally:
-        T._STATIC_DECODERS.clear()
-    err = capsys.readouterr().err
-    assert "compiled decoding failed (RuntimeError: its logits differ from eager decoding by nan" in err, err
-    assert T.COMPILE_FAILED
-
-
-@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
-def test_a_faulty_compiled_decoder_falls_back_to_eager_with_the_difference(tiny_model, monkeypatch, capsys):
+@pytest.mark.parametrize("fault", ["nan", "offset"])
+def test_a_faulty_compiled_decoder_falls_back_to_eager_with_the_difference(tiny_model, monkeypatch, capsys, fault):
+    """A compiled step off by 0.5 (a real compile) or giving NaN (no compile needed: NaN is no
+    difference within the tolerance, `not worst <= tol`) is thrown away at the check, and the
+    rollouts are eager's."""
+    if fault == "offset" and shutil.which("g++") is None:
+        pytest.skip("torch.compile on the CPU needs a C++ compiler (g++)")
     model, _ = tiny_model
     cfg = T.Config(group_size=2, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu", compile="false")
     prompt = torch.tensor([5, 17, 33, 100, 7])
@@ -617,12 +596,17 @@ def test_a_faulty_compiled_decoder_falls_back_to_eager_with_the_difference(tiny_
     T._STATIC_DECODERS.clear()
     decoder = T.static_decoder(model, T.nullcontext())
     compiled = decoder.compiled_step
-    monkeypatch.setattr(decoder, "compiled_step", lambda ids: compiled(ids) + 0.5)  # the injected fault
-    assert rollouts() == eager
+    faulty = {"nan": lambda ids: decoder._forward(ids) * float("nan"), "offset": lambda ids: compiled(ids) + 0.5}
+    monkeypatch.setattr(decoder, "compiled_step", faulty[fault])  # the injected fault
+    try:
+        assert rollouts() == eager
+    finally:
+        T._STATIC_DECODERS.clear()
     err = capsys.readouterr().err
-    assert re.search(r"compiled decoding failed \(RuntimeError: its logits differ from eager decoding by 0\.5\d* "
-                     r"\(tolerance [0-9.e-]+ for logits up to [0-9.]+\)\); decoding eagerly", err), err
-    T._STATIC_DECODERS.clear()
+    difference = "nan" if fault == "nan" else r"0\.5\d* \(tolerance [0-9.e-]+ for logits up to [0-9.]+\)"
+    assert re.search(r"compiled decoding failed \(RuntimeError: its logits differ from eager decoding by "
+                     + difference + r".*; decoding eagerly", err), err
+    assert T.COMPILE_FAILED
     monkeypatch.setattr(T, "COMPILE_FAILED", [])
     healthy = T.static_decoder(model, T.nullcontext())
     assert rollouts() == eager and healthy.checked and not T.COMPILE_FAILED  # an honest compile passes
