@@ -2925,7 +2925,7 @@ def step_report(step, problem, cfg, group: Group, advantages, loss, seq_log_prob
         "group_size": cfg.group_size,
         "correct": sum(s[0] == 1 for s in group.scored),  # the verifier's, without format_reward
         "reward_mean": float(group.rewards.mean()),
-        "reward_std": float(group.rewards.std(unbiased=True)),
+        "reward_std": float(group.rewards.std(unbiased=True)) if bool(advantages.any()) else 0.0,  # 8 x 0.1: 0
         "response_tokens": sum(group.tokens),
         "policy_loss": loss,
         "grad_norm": grad_norm,

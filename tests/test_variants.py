@@ -185,6 +185,15 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
                                       T.Stopwatch(torch.device("cpu")))
     assert metrics["correct"] == 1 and metrics["reward_mean"] == 0.5
     assert [r["reward"] for r in rollouts] == [1.5, 0.5, 0.0, 0.0]
+    # eight formatted wrong answers at w = 0.1: equal rewards whose float32 std is 8e-9, not 0
+    scores = {x: (0.0, "3", "wrong") for x in "abcdefgh"}
+    cfg = T.Config(group_size=8, format_reward=0.1)
+    t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg)
+    group = T.score_group(2, [torch.tensor(tokenizer.encode(x)) for x in "abcdefgh"], [False] * 8, "2", t)
+    adv = T.compute_advantages(group.rewards, cfg.std_eps)
+    metrics, _ = T.step_report(2, {"index": 1}, cfg, group, adv, 0.0, [None] * 8, 0.0, 0.0,
+                               T.Stopwatch(torch.device("cpu")))
+    assert group.rewards.std().item() > 0 and not adv.any() and metrics["reward_std"] == 0.0  # a zero-variance group
 
 
 # ----------------------------------------------------------------------------------------------
