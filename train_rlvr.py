@@ -51,6 +51,9 @@ MATH_TRAIN_URL = (
     "refs/heads/main/math_full_minus_math500.json"
 )
 PRECISIONS = ("auto", "fp32", "bf16-autocast", "bf16")
+ADVANTAGE_STDS = ("group", "none")                                            # see compute_advantages
+LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  # see loss_divisors
+ZERO_VARIANCES = ("step", "skip")                                             # see step_or_skip
 
 
 @dataclass
@@ -73,6 +76,11 @@ class Config:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     std_eps: float = 1e-4
+    # variants of the spec's step (docs/variants.md); each default is the spec's
+    advantage_std: str = "group"
+    loss_aggregation: str = "sequence_sum"
+    zero_variance: str = "step"
+    format_reward: float = 0.0
     seed: int = 0
     device: str = "cuda"
     precision: str = "auto"
@@ -160,6 +168,10 @@ def validate_config(cfg: Config) -> None:
         # a value that rounds to 0 in float32 (the rewards' dtype) would make zero-variance groups 0/0 = NaN
         ("std_eps", 0 < float(torch.tensor(cfg.std_eps, dtype=torch.float32)) < math.inf,
          "a number > 0 that float32 can hold (>= 1e-45; it keeps a zero-variance group from dividing by 0)"),
+        ("advantage_std", cfg.advantage_std in ADVANTAGE_STDS, "one of " + ", ".join(ADVANTAGE_STDS)),
+        ("loss_aggregation", cfg.loss_aggregation in LOSS_AGGREGATIONS, "one of " + ", ".join(LOSS_AGGREGATIONS)),
+        ("zero_variance", cfg.zero_variance in ZERO_VARIANCES, "one of " + ", ".join(ZERO_VARIANCES)),
+        ("format_reward", 0 <= cfg.format_reward <= 1e6, "a number in [0, 1e6] (0: off)"),
         ("seed", 0 <= cfg.seed < 2**63, "an integer in [0, 2**63) (torch's seeds are 64-bit)"),
         ("compile", cfg.compile in ("auto", "true", "false"), "auto, true or false"),
         ("logprob_batch_size", cfg.logprob_batch_size >= 1, "an integer >= 1"),
@@ -1096,10 +1108,17 @@ def score_rollouts(scorer: verifier.TimedVerifier, texts: list[str], gold: str) 
 # ----------------------------------------------------------------------------------------------
 # Advantages
 
-def compute_advantages(rewards: torch.Tensor, std_eps: float) -> torch.Tensor:
-    """Within the group only: A_i = (r_i - mean(r)) / (std_unbiased(r) + eps).
+def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str = "group") -> torch.Tensor:
+    """Within the group only (advantage_std):
+      group (the spec):   A_i = (r_i - mean(r)) / (std_unbiased(r) + eps)
+      none  (Dr. GRPO):   A_i =  r_i - mean(r)
 
-    If all rewards are equal every numerator is exactly 0, so every advantage is exactly 0."""
+    If all rewards are equal every advantage is exactly 0 (for rewards such as 8 x 0.1, whose
+    float32 mean need not be 0.1 exactly, the formula alone would leave a rounding residue)."""
+    if bool((rewards == rewards[0]).all()):
+        return torch.zeros_like(rewards)
+    if advantage_std == "none":
+        return rewards - rewards.mean()
     return (rewards - rewards.mean()) / (rewards.std(unbiased=True) + std_eps)
 
 
@@ -1147,9 +1166,30 @@ def sequence_log_prob(model, prompt_ids: torch.Tensor, response_ids: torch.Tenso
     return token_log_probs(model, prompt_ids, response_ids, amp).sum()
 
 
-def policy_loss(advantage: torch.Tensor, seq_log_prob: torch.Tensor, group_size: int) -> torch.Tensor:
-    """One response's term of policy_loss = -(1/G) * sum_i stopgrad(A_i) * sequence_log_prob_i."""
-    return -(advantage.detach() * seq_log_prob) / group_size
+def policy_loss(advantage: torch.Tensor, seq_log_prob: torch.Tensor, divisor: int) -> torch.Tensor:
+    """One response's term of policy_loss = -(1/G) * sum_i stopgrad(A_i) * sequence_log_prob_i
+    (divisor G, the spec), or of a variant's aggregation (divisor from loss_divisors)."""
+    return -(advantage.detach() * seq_log_prob) / divisor
+
+
+def loss_divisors(aggregation: str, lengths: list[int], max_new_tokens: int) -> list[int]:
+    """How each response's token sum is scaled (loss_aggregation); lengths are the group's L_i
+    (EOS included), G = len(lengths). Response i's term is -A_i * (sum_t x_it) / divisor_i with
+    x_it = l_it, the token log-probabilities (a KL or ratio term per token can use the same divisors):
+      sequence_sum  (the spec):       -(1/G) sum_i A_i sum_t l_it                  divisor G
+      sequence_mean (GRPO paper):     -(1/G) sum_i A_i (1/L_i) sum_t l_it          divisor G L_i
+      token_mean    (DAPO):           -(1/sum_j L_j) sum_i A_i sum_t l_it          divisor sum_j L_j
+      dr_grpo       (Dr. GRPO):       -(1/(G max_new_tokens)) sum_i A_i sum_t l_it  divisor G max_new_tokens
+    Integers, so the spec's divisor G is exactly the one it always was. token_mean and dr_grpo are
+    the spec's loss times a positive factor per group; sequence_mean weighs short responses up."""
+    G = len(lengths)
+    if aggregation == "sequence_mean":
+        return [G * n for n in lengths]
+    if aggregation == "token_mean":
+        return [sum(lengths)] * G
+    if aggregation == "dr_grpo":
+        return [G * max_new_tokens] * G
+    return [G] * G
 
 
 def zero_gradients(params: list[torch.nn.Parameter]) -> None:
@@ -1162,14 +1202,16 @@ def zero_gradients(params: list[torch.nn.Parameter]) -> None:
 
 
 def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp,
-                               logprob_batch_size: int = 1):
+                               logprob_batch_size: int = 1, divisors: list[int] | None = None):
     """Zero the gradient once, then forward + backward one response at a time, so only one
     response's graph is alive at once. Returns (policy loss, sequence log-probs or Nones).
 
     logprob_batch_size > 1 runs that many responses per forward + backward (right-padded, see
     batch_token_log_probs): the same gradient up to float rounding, one graph of that many alive.
-    A group whose advantages are all exactly 0 has an exactly-zero gradient: its passes are skipped."""
+    A group whose advantages are all exactly 0 has an exactly-zero gradient: its passes are skipped.
+    divisors (one per response, loss_divisors) replace the spec's G when a variant aggregates otherwise."""
     zero_gradients(params)
+    divisors = [group_size] * len(responses) if divisors is None else divisors
     if bool((advantages == 0).all()):
         return 0.0, [None] * len(responses)
     losses_done, seq_lps_done = [], []
@@ -1181,7 +1223,8 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
             seq_lps = [sequence_log_prob(model, prompt_ids, chunk[0], amp)]
         else:
             seq_lps = [lp.sum() for lp in batch_token_log_probs(model, prompt_ids, chunk, amp)]
-        losses = [policy_loss(a, s, group_size) for a, s in zip(advantages[start:start + size], seq_lps)]
+        losses = [policy_loss(a, s, d) for a, s, d in zip(advantages[start:start + size], seq_lps,
+                                                          divisors[start:start + size])]
         (losses[0] if len(losses) == 1 else torch.stack(losses).sum()).backward()
         losses_done += [loss.detach() for loss in losses]
         seq_lps_done += [seq_lp.detach() for seq_lp in seq_lps]
@@ -2802,11 +2845,10 @@ def train_step(step: int, problem: dict, t: Trainer) -> tuple[dict, list[dict]]:
     clock.lap("generation")
     group = score_group(step, responses, cut, problem["answer"], t)
     clock.lap("rewards")
-    advantages = compute_advantages(group.rewards, t.cfg.std_eps)
-    loss, seq_log_probs = backpropagate_group(step, prompt_ids, responses, advantages, t)
+    advantages = compute_advantages(group.rewards, t.cfg.std_eps, t.cfg.advantage_std)
+    loss, seq_log_probs = backpropagate_group(step, prompt_ids, responses, advantages, group.tokens, t)
     clock.lap("logprob_backward")
-    grad_norm, moved = optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.weights_before,
-                                      t.state_before)
+    grad_norm, moved = step_or_skip(advantages, loss, t)
     clock.lap("optimizer")
     return step_report(step, problem, t.cfg, group, advantages, loss, seq_log_probs, grad_norm, moved, clock)
 
@@ -2830,28 +2872,47 @@ def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answe
     scored = score_rollouts(t.scorer, texts, answer)
     group = [x for share in gather_objects((texts, scored, [len(r) for r in responses], cut)) for x in zip(*share)]
     texts, scored, tokens, cut = map(list, zip(*group))
-    rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
+    rewards = torch.tensor([s[0] + format_bonus(s[2], c, t.cfg.format_reward) for s, c in zip(scored, cut)],
+                           dtype=torch.float32)
     check_stop()  # safe point for SIGINT/SIGTERM
     progress(f"[step {step}] rewards {rewards.tolist()}; backward")
     return Group(texts, scored, tokens, cut, rewards)
 
 
+def format_bonus(status: str, was_cut: bool, weight: float) -> float:
+    """format_reward: weight w for a response that ends with EOS (not cut at the limit) and holds a
+    final \\boxed{} answer the verifier could read (status correct or wrong, not no_answer), as the
+    prompt asks; 0 otherwise. The verifier's reward, and so the correct count, stays its own."""
+    return weight if weight and status in ("correct", "wrong") and not was_cut else 0.0
+
+
 def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor],
-                        advantages: torch.Tensor, t: Trainer) -> tuple[float, list]:
+                        advantages: torch.Tensor, lengths: list[int], t: Trainer) -> tuple[float, list]:
     """accumulate_policy_gradient over this rank's responses, one at a time; the gradients summed
-    across ranks, so every rank holds the whole group's. Returns the group's policy loss and its
-    sequence log-probabilities (Nones in a zero-variance group)."""
+    across ranks, so every rank holds the whole group's. lengths are the whole group's L_i (for
+    loss_aggregation). Returns the group's policy loss and its sequence log-probabilities (Nones in
+    a zero-variance group)."""
     mine = rank_share(t.cfg.group_size)
+    divisors = loss_divisors(t.cfg.loss_aggregation, lengths, t.cfg.max_new_tokens)[mine.start:mine.stop]
     with agreed("backward", step, longest=max(len(r) for r in responses), prompt_tokens=len(prompt_ids), cfg=t.cfg):
         loss, seq_log_probs = accumulate_policy_gradient(
             t.model, t.params, prompt_ids, responses, advantages[mine.start:mine.stop].to(t.device),
-            t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size)
+            t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size, divisors)
     if not bool((advantages == 0).all()):
         sum_gradients(t.params)
     shares = gather_objects((loss, seq_log_probs))
     note(f"step {step}: optimizer step")
     check_stop()  # the last safe point: nothing of this step has touched the weights or AdamW yet
     return sum(share[0] for share in shares), [x for share in shares for x in share[1]]
+
+
+def step_or_skip(advantages: torch.Tensor, loss: float, t: Trainer) -> tuple[float, float | None]:
+    """optimizer_step, the spec's: a zero-variance group too takes its AdamW step, with a zero
+    gradient (momentum and weight decay still move the weights). zero_variance=skip takes none for
+    such a group: weights, AdamW moments and step count stay as they are; grad norm and update norm 0."""
+    if t.cfg.zero_variance == "skip" and bool((advantages == 0).all()):
+        return 0.0, 0.0
+    return optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.weights_before, t.state_before)
 
 
 def step_report(step, problem, cfg, group: Group, advantages, loss, seq_log_probs, grad_norm, moved,
@@ -2862,9 +2923,9 @@ def step_report(step, problem, cfg, group: Group, advantages, loss, seq_log_prob
         "step": step,
         "problem_index": problem["index"],
         "group_size": cfg.group_size,
-        "correct": int((group.rewards == 1).sum()),
+        "correct": sum(s[0] == 1 for s in group.scored),  # the verifier's, without format_reward
         "reward_mean": float(group.rewards.mean()),
-        "reward_std": float(group.rewards.std(unbiased=True)),
+        "reward_std": float(group.rewards.std(unbiased=True)) if bool(advantages.any()) else 0.0,  # 8 x 0.1: 0
         "response_tokens": sum(group.tokens),
         "policy_loss": loss,
         "grad_norm": grad_norm,
@@ -2884,7 +2945,7 @@ def step_report(step, problem, cfg, group: Group, advantages, loss, seq_log_prob
         "response": group.texts[i],
         "answer": group.scored[i][1],
         "status": group.scored[i][2],
-        "reward": group.scored[i][0],
+        "reward": float(group.rewards[i]),  # the verifier's, plus format_reward's bonus when that is on
         "advantage": float(advantages[i]),
         "tokens": group.tokens[i],
         "cut_at_limit": group.cut[i],

@@ -43,12 +43,12 @@ def main():
     T.rollout_streams = streams
     if opts.get("flip_advantages"):
         real_advantages = T.compute_advantages
-        T.compute_advantages = lambda rewards, std_eps: -real_advantages(rewards, std_eps)
+        T.compute_advantages = lambda *args: -real_advantages(*args)
     if "random_sign" in opts:
         import random
 
         signs, real_advantages = random.Random(opts["random_sign"]), T.compute_advantages
-        T.compute_advantages = lambda rewards, std_eps: signs.choice((-1, 1)) * real_advantages(rewards, std_eps)
+        T.compute_advantages = lambda *args: signs.choice((-1, 1)) * real_advantages(*args)
     writes = {"n": 0}
 
     def in_checkpoint(when):

@@ -218,3 +218,19 @@ def test_replicas_that_drift_apart_by_one_bit_stop_the_run(tiny_model, monkeypat
         T.check_replicas(params)
     monkeypatch.setattr(T, "gather_objects", lambda obj: [mine, mine])
     T.check_replicas(params)
+
+
+def test_the_variants_give_the_one_process_run_on_two_sharded_processes(tiny_model_dir, tiny_data_file, tmp_path,
+                                                                        monkeypatch, capsys):
+    """token_mean's sum_j L_j and format_reward's cut flags come from the whole group (gathered in
+    score_group), so two fsdp processes take the one-process run's steps."""
+    variants = ["loss_aggregation=token_mean", "advantage_std=none", "format_reward=0.5", "zero_variance=skip"]
+    one = tmp_path / "one"
+    code, one_stdout, err = _in_process(_args(tiny_model_dir, tiny_data_file, one, *variants), monkeypatch, capsys)
+    assert code == 0, err
+    rewards = [r["reward"] for r in _jsonl(one / "rollouts.jsonl")]
+    assert set(rewards) <= {1.5, 1.0, 0.5, 0.0} and any(r % 1 == 0.5 for r in rewards), rewards  # bonus paid
+    out = tmp_path / "two"
+    code, stdout, stderr, _ = _torchrun(_args(tiny_model_dir, tiny_data_file, out, "sharding=fsdp", *variants))
+    assert code == 0, stderr[-3000:]
+    _assert_same_run((one, one_stdout), out, stdout)

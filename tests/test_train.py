@@ -705,11 +705,11 @@ def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_fi
     _rewards_from_parity(monkeypatch)
     real, compared = T.accumulate_policy_gradient, []
 
-    def against_float32(model, params, prompt, responses, adv, group_size, amp, batch_size=1):
+    def against_float32(model, params, prompt, responses, adv, group_size, amp, batch_size=1, divisors=None):
         twin = copy.deepcopy(model).float()
-        loss, lps = real(model, params, prompt, responses, adv, group_size, amp, batch_size)
+        loss, lps = real(model, params, prompt, responses, adv, group_size, amp, batch_size, divisors)
         ref_loss, ref_lps = real(twin, list(twin.parameters()), prompt, responses, adv.float(), group_size,
-                                 T.nullcontext(), batch_size)
+                                 T.nullcontext(), batch_size, divisors)
         assert loss == pytest.approx(ref_loss, rel=1e-3, abs=5e-3)
         assert lps == pytest.approx(ref_lps, rel=1e-4, abs=5e-3)
         grad = torch.cat([p.grad.float().flatten() for p in params])
