@@ -1,0 +1,131 @@
+"""Watching a run (docs/watching.md): the tqdm bars on stderr, report_to=tensorboard read back with
+TensorBoard's own event reader, run.png's figure, and what happens when a package is missing."""
+
+import importlib.util
+import json
+import re
+
+import pytest
+
+import train_rlvr as T
+from conftest import ROOT
+
+tensorboard = pytest.importorskip("tensorboard", reason="requirements-test.txt installs tensorboard")
+matplotlib = pytest.importorskip("matplotlib", reason="requirements-test.txt installs matplotlib")
+
+
+def _args(model_dir, data, out, *extra):
+    return ["--config", str(ROOT / "config.yaml"), f"model={model_dir}", f"dataset={data}", "device=cpu",
+            f"output_dir={out}", "group_size=4", "max_new_tokens=8", "num_problems=3", "save_every=2",
+            f"eval_dataset={data}", "eval_problems=2", "eval_max_new_tokens=2", *extra]
+
+
+def _parity_rewards(monkeypatch):
+    """Odd-length responses score 1: groups with reward variance, so the steps train."""
+    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
+        (float(len(t) % 2 == 1), None, "wrong") for t in texts])
+    monkeypatch.setattr(T, "score_responses", lambda scorer, texts, golds: [
+        (float(len(t) % 2 == 1), None, "wrong") for t in texts])
+
+
+@pytest.fixture(scope="module")
+def watched(tiny_model_dir, tiny_data_file, tmp_path_factory):
+    """Three steps reported to TensorBoard, then resumed from the checkpoint of step 2 (step 3 redone)."""
+    out = tmp_path_factory.mktemp("watched")
+    runs = []
+    with pytest.MonkeyPatch.context() as mp:
+        _parity_rewards(mp)
+        for extra in ([], [f"resume={out / 'checkpoints' / 'step-000002'}"]):
+            import contextlib
+            import io
+
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                code = T.main(_args(tiny_model_dir, tiny_data_file, out, "report_to=tensorboard", *extra))
+            assert code == 0, err.getvalue()
+            runs.append(err.getvalue())
+    return out, runs
+
+
+def _events(out):
+    """The folder as TensorBoard's own reader sees it (the one its app uses: every value a tensor, purges applied)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    return lambda tag: [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors(tag)]
+
+
+def test_tensorboard_holds_metrics_jsonl_once_per_step_after_a_resume(watched):
+    out, _ = watched
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    events = _events(out)
+    for name, key in (("reward", "reward_mean"), ("reward_std", "reward_std"), ("grad_norm", "grad_norm"),
+                      ("loss", "policy_loss"), ("step_time", "seconds"), ("correct", "correct")):
+        got = events(name)
+        # step 3 ran twice (before and after the resume): purge_step keeps one
+        assert [s for s, _ in got] == [1, 2, 3], (name, got)
+        assert [v for _, v in got] == pytest.approx([float(m[key]) for m in metrics], rel=1e-6), name
+    assert [v for _, v in events("completions/mean_length")] == pytest.approx(
+        [m["response_tokens"] / 4 for m in metrics])
+    assert [v for _, v in events("frac_reward_zero_std")] == [float(m["reward_std"] == 0) for m in metrics]
+    summary = json.loads((out / "eval_summary.json").read_text())
+    for phase in summary["phases"].values():
+        overall = next(g for g in phase["groups"] if g["kind"] == "overall")
+        assert [v for s, v in events("eval/accuracy") if s == phase["step"]] == pytest.approx(
+            [overall["accuracy"]])
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    text = events("rollouts/text_summary")
+    assert [step for step, _ in text] == [1, 2, 3]
+    last = text[-1][1].decode()
+    assert last.count("\n| ") == 4 and f"| 3 | {rollouts[-1]['reward']} |" in last
+
+
+def test_the_step_bar_prints_a_line_per_step_off_a_terminal(watched):
+    _, (first, resumed) = watched
+    bar = [l for l in first.splitlines() if l.startswith("steps: ")]
+    assert [re.search(r"\| (\d)/3 \[", l).group(1) for l in bar] == ["1", "2", "3"]
+    assert re.search(r"\| 3/3 \[[0-9:]+<00:00, +[0-9.]+(s/step|step/s), correct=\d/4\]$", bar[-1]), bar[-1]
+    assert [re.search(r"\| (\d)/3 \[", l).group(1) for l in resumed.splitlines() if l.startswith("steps: ")] == ["3"]
+    assert "[step 3] generating 4 rollouts" in first and "[step 3] rewards" in first  # the progress lines stay
+
+
+def test_run_png_draws_the_runs_numbers(watched, tiny_model_dir, capsys):
+    out, _ = watched
+    assert (out / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    fig = T.run_figure(metrics, records)
+    correct, norms, tokens, accuracy = fig.axes
+    assert [p.get_height() for p in correct.patches] == [m["correct"] for m in metrics]
+    grad, update = norms.get_lines()
+    assert list(grad.get_ydata()) == [m["grad_norm"] for m in metrics] and norms.get_yscale() == "log"
+    assert list(update.get_ydata()) == [m["update_norm"] for m in metrics]
+    assert list(tokens.get_lines()[0].get_ydata()) == [m["response_tokens"] for m in metrics]
+    for line, phase in zip(accuracy.get_lines(), ("before", "after")):
+        mine = [r for r in records if r["phase"] == phase]
+        accuracy_of = sum(r["reward"] for r in mine) / len(mine)
+        assert list(line.get_ydata()) == [accuracy_of, accuracy_of]  # overall and its one level, "level 1"
+    assert [t.get_text() for t in accuracy.get_xticklabels()] == ["overall", "level 1"]
+    (out / "run.png").unlink()
+    assert T.main(["--plot", str(out)]) == 0 and (out / "run.png").exists()
+    assert T.main(["--plot", str(tiny_model_dir)]) == 2
+    assert capsys.readouterr().err.strip().endswith("holds no metrics.jsonl with a step in it; pass a run's output_dir")
+
+
+def test_a_missing_package_is_one_line_and_nothing_fails(tiny_model_dir, tiny_data_file, tmp_path, monkeypatch,
+                                                       capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in (
+        "tensorboard", "matplotlib") else real(name, *a))
+    # the tracker: refused before the model loads (that model does not exist)
+    assert T.main(_args("/no/such/model", tiny_data_file, tmp_path / "a", "report_to=tensorboard")) == 2
+    assert capsys.readouterr().err == ("error: report_to names tensorboard, which is not installed here; "
+                                       "pip install tensorboard (or drop it from report_to)\n")
+    assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "a", "report_to=tensorbord")) == 2
+    assert "config key 'report_to' must be none or one or more of tensorboard" in capsys.readouterr().err
+    # the picture: said once, the run succeeds
+    assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "b", "num_problems=1", "eval_problems=0")) == 0
+    assert capsys.readouterr().err.count("needs matplotlib (pip install matplotlib") == 1
+    assert not (tmp_path / "b" / "run.png").exists()
