@@ -1595,9 +1595,11 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
     axes[0].plot([s for s, f in zip(steps, flat) if f], [0] * sum(flat), "x", color="tab:red",
                  label="zero-variance group (no gradient)")
     axes[0].set(ylabel=f"correct / {g}", ylim=(0, g), title="rewards per step")
-    axes[1].plot(steps, [float(m["grad_norm"]) for m in metrics], ".-", label="grad norm (before clipping)")
-    axes[1].plot(steps, [float("nan") if m["update_norm"] is None else float(m["update_norm"]) for m in metrics],
-                 ".-", label="update norm")
+    def positive(x):  # a log axis has no 0 (a zero-variance group's gradient): a gap, not a line to the edge
+        return float(x) if x is not None and float(x) > 0 else float("nan")
+
+    axes[1].plot(steps, [positive(m["grad_norm"]) for m in metrics], ".-", label="grad norm (before clipping)")
+    axes[1].plot(steps, [positive(m["update_norm"]) for m in metrics], ".-", label="update norm")
     axes[1].set(yscale="log", ylabel="norm", title="gradient and update (log scale; 0 not drawn)")
     axes[2].plot(steps, [m["response_tokens"] for m in metrics], ".-", color="tab:purple")
     axes[2].set(ylabel="tokens", xlabel="step", title="response tokens per step (the whole group)")
@@ -1612,6 +1614,7 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
             errors = [low, high]
             axes[3].errorbar(x, acc, yerr=errors, fmt="o", capsize=3, label=phase)
         axes[3].set_xticks(range(len(groups)), [g["group"] for g in groups])
+        axes[3].set_xlim(-0.5, len(groups) - 0.5)
         axes[3].set(ylabel="accuracy", ylim=(0, 1), title="evaluation accuracy with 95 % Wilson intervals")
     for ax in axes:
         ax.grid(alpha=0.3)
