@@ -101,7 +101,7 @@ class Config:
     eval_temperature: float = 0.8
     eval_top_p: float = 0.9
     eval_every: int = 0
-    # watching: none, or trackers separated by commas (tensorboard); rank 0 reports
+    # watching: none, or trackers separated by commas (tensorboard, wandb); rank 0 reports
     report_to: str = "none"
 
 
@@ -1467,7 +1467,7 @@ def append_jsonl(path: Path, records: list[dict]) -> None:
 
 
 # Watching a run: the step bar, the trackers of report_to (each imported only when named), run.png.
-TRACKERS = ("tensorboard",)  # report_to's names; each one's pip package has its name
+TRACKERS = ("tensorboard", "wandb")  # report_to's names; each one's pip package has its name
 
 
 def trackers_named(cfg: Config) -> list[str]:
@@ -1489,11 +1489,13 @@ class Watch:
     """What watches the run besides stdout and the logs (rank 0's): the bar over the steps and the open trackers."""
     bar: tqdm
     tensorboard: object = None  # torch.utils.tensorboard.SummaryWriter
+    wandb: object = None  # a wandb Run
 
 
-def open_watch(cfg: Config, out: Path, done: int, total: int) -> Watch:
+def open_watch(cfg: Config, out: Path, done: int, total: int, resumed: Path | None) -> Watch:
     """The step bar from `done` of `total`, and the trackers of report_to, continuing a resumed run's
-    (TensorBoard drops the events of the steps redone: purge_step)."""
+    (TensorBoard drops the events of the steps redone: purge_step; wandb continues the run whose id
+    the checkpoint `resumed` keeps)."""
     w = Watch(progress_bar("steps", total, done, "step"))
     if process_rank() != 0:
         return w
@@ -1504,7 +1506,20 @@ def open_watch(cfg: Config, out: Path, done: int, total: int) -> Watch:
         w.tensorboard = SummaryWriter(str(out / "tensorboard"), purge_step=done + 1 if done else 0)
         settings = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True)
         w.tensorboard.add_text("config", "    " + settings.replace("\n", "\n    "), done)
+    if "wandb" in trackers_named(cfg):
+        import wandb
+
+        run_id = json.loads((resumed / "state.json").read_text()).get("wandb_run_id") if resumed else None
+        # console off: wandb must not wrap stdout (the table) or stderr; WANDB_MODE=offline writes locally only
+        w.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), dir=str(out), id=run_id,
+                             resume="allow" if run_id else None, config=dataclasses.asdict(cfg),
+                             settings=wandb.Settings(console="off", silent=True))
     return w
+
+
+def tracker_ids(w: Watch | None) -> dict:
+    """What a checkpoint keeps so that a resumed run continues the same tracker run."""
+    return {"wandb_run_id": w.wandb.id} if w is not None and w.wandb is not None else {}
 
 
 def step_scalars(m: dict, history: list[dict]) -> dict[str, float]:
@@ -1546,6 +1561,12 @@ def report_step(w: Watch, metrics: dict, rollouts: list[dict], history: list[dic
             w.tensorboard.add_scalar(name, value, step)
         w.tensorboard.add_text("rollouts", rollouts_markdown(rollouts), step)
         w.tensorboard.flush()
+    if w.wandb is not None:
+        import wandb
+
+        columns = ["rollout", "reward", "advantage", "status", "answer", "tokens", "response"]
+        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rollouts])
+        w.wandb.log({**step_scalars(metrics, history), "rollouts": table}, step=step)
 
 
 def eval_scalars(summary: dict) -> dict[str, float]:
@@ -1556,11 +1577,14 @@ def eval_scalars(summary: dict) -> dict[str, float]:
 
 def report_eval(w: Watch, records: list[dict], samples: int) -> None:
     """An evaluation's accuracies to every tracker, at the step of the weights it evaluated."""
+    summary = summarize_phase(records, samples)
+    scalars, step = eval_scalars(summary), summary["step"]
     if w.tensorboard is not None:
-        summary = summarize_phase(records, samples)
-        for name, value in eval_scalars(summary).items():
-            w.tensorboard.add_scalar(name, value, summary["step"])
+        for name, value in scalars.items():
+            w.tensorboard.add_scalar(name, value, step)
         w.tensorboard.flush()
+    if w.wandb is not None:
+        w.wandb.log(scalars, step=step)
 
 
 def close_watch(w: Watch | None, out: Path) -> None:
@@ -1570,6 +1594,8 @@ def close_watch(w: Watch | None, out: Path) -> None:
     w.bar.close()
     if w.tensorboard is not None:
         w.tensorboard.close()
+    if w.wandb is not None:
+        w.wandb.finish()
     if process_rank() == 0:
         plot_run(out)
 
@@ -2222,13 +2248,14 @@ def no_space_message(folder: Path, need: int) -> str:
 
 
 def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_record: int | None,
-                    eval_steps: list[int] | None = None) -> Path:
+                    eval_steps: list[int] | None = None, tracker_ids: dict | None = None) -> Path:
     """Weights, optimizer state, step counter, config and the logs up to this step, with a manifest
     (size and sha256 of each file), written to a temporary folder, fsynced, then renamed into
     place: a crash mid-write leaves the previous checkpoints intact. Keeps the last keep_last.
     No RNG state: every rollout's stream is derived from (seed, step, rollout), see rollout_streams.
     With evaluation on, also eval.jsonl and the steps whose weights were evaluated (eval_steps), so
-    a resumed run does not redo them. A full disk raises StopRun with the space needed, after
+    a resumed run does not redo them; with report_to=wandb, the wandb run's id (tracker_ids), so a
+    resumed run continues it. A full disk raises StopRun with the space needed, after
     removing the partial folder."""
     import errno
 
@@ -2255,6 +2282,7 @@ def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_re
         state = {"step": step, "next_record": next_record}
         if eval_steps is not None:
             state["eval_steps_done"] = eval_steps
+        state.update(tracker_ids or {})
         (tmp / "state.json").write_text(json.dumps(state))
         write_manifest(tmp, step)
         for f in tmp.iterdir():
@@ -3277,7 +3305,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
             for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
                 say(format_row(m))
             s.started = time.perf_counter()
-            s.watch = open_watch(cfg, s.out, len(s.history), len(s.problems))
+            s.watch = open_watch(cfg, s.out, len(s.history), len(s.problems), od.resume_from)
             if evaluate_if_due(len(s.history), t, s) and s.history:  # the base model, or what a stopped run left
                 write_checkpoint(len(s.history), t, s)  # resumed: the checkpoint of this step now records it
             for step in range(len(s.history) + 1, len(s.problems) + 1):
@@ -3391,7 +3419,7 @@ def write_checkpoint(step: int, t: Trainer, s: RunState) -> None:
     try:
         check_replicas(t.params)
         save_checkpoint(s.out, step, t.model, t.optimizer, t.cfg, next_record(s.problems, step),
-                        eval_steps_done(s.eval_log, t.cfg))
+                        eval_steps_done(s.eval_log, t.cfg), tracker_ids(s.watch))
         failed = None
     except StopRun as e:
         failed = str(e)

@@ -1,9 +1,11 @@
 """Watching a run (docs/watching.md): the tqdm bars on stderr, report_to=tensorboard read back with
-TensorBoard's own event reader, run.png's figure, and what happens when a package is missing."""
+TensorBoard's own event reader, report_to=wandb in offline mode read back from its run file, run.png's
+figure, and what happens when a package is missing."""
 
 import importlib.util
 import json
 import re
+import struct
 
 import numpy
 import pytest
@@ -13,6 +15,7 @@ from conftest import ROOT
 
 tensorboard = pytest.importorskip("tensorboard", reason="requirements-test.txt installs tensorboard")
 matplotlib = pytest.importorskip("matplotlib", reason="requirements-test.txt installs matplotlib")
+wandb = pytest.importorskip("wandb", reason="requirements-test.txt installs wandb")
 
 
 def _args(model_dir, data, out, *extra):
@@ -31,18 +34,19 @@ def _parity_rewards(monkeypatch):
 
 @pytest.fixture(scope="module")
 def watched(tiny_model_dir, tiny_data_file, tmp_path_factory):
-    """Three steps reported to TensorBoard, then resumed from the checkpoint of step 2 (step 3 redone)."""
+    """Three steps reported to TensorBoard and wandb, then resumed from the checkpoint of step 2 (step 3 redone)."""
     out = tmp_path_factory.mktemp("watched")
     runs = []
     with pytest.MonkeyPatch.context() as mp:
         _parity_rewards(mp)
+        mp.setenv("WANDB_MODE", "offline")  # no network: wandb writes its run under output_dir/wandb
         for extra in ([], [f"resume={out / 'checkpoints' / 'step-000002'}"]):
             import contextlib
             import io
 
             err = io.StringIO()
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                code = T.main(_args(tiny_model_dir, tiny_data_file, out, "report_to=tensorboard", *extra))
+                code = T.main(_args(tiny_model_dir, tiny_data_file, out, "report_to=tensorboard,wandb", *extra))
             assert code == 0, err.getvalue()
             runs.append(err.getvalue())
     return out, runs
@@ -81,6 +85,55 @@ def test_tensorboard_holds_metrics_jsonl_once_per_step_after_a_resume(watched):
     assert [step for step, _ in text] == [1, 2, 3]
     last = text[-1][1].decode()
     assert last.count("\n| ") == 4 and f"| 3 | {rollouts[-1]['reward']} |" in last
+
+
+def _wandb_records(run_file):
+    """The records of a wandb run file (what `wandb sync` uploads): 7-byte header, then 32 KiB blocks of
+    chunks (crc32, length, type: 1 whole, 2 first, 3 middle, 4 last), each record a wandb Record protobuf."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, record = run_file.read_bytes(), 7, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        room = 32768 - pos % 32768
+        if room < 7:  # a block's tail too short for a chunk header is padding
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        record, pos = record + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            parsed = wandb_internal_pb2.Record()
+            parsed.ParseFromString(record)
+            yield parsed
+            record = b""
+
+
+def test_wandb_offline_holds_the_run_and_a_resume_continues_it(watched):
+    out, _ = watched
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    run_files = sorted((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(run_files) == 2  # the first run and the resumed one
+    ids = [[r.run.run_id for r in _wandb_records(f) if r.WhichOneof("record_type") == "run"][0] for f in run_files]
+    state = json.loads((out / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert ids == [state["wandb_run_id"]] * 2  # the checkpoint's id: the same wandb run
+    rows = {}
+    for n, f in enumerate(run_files):
+        for r in _wandb_records(f):
+            if r.WhichOneof("record_type") == "history":
+                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+                rows.setdefault(n, []).append(row)
+    first, resumed = ([r for r in rows[n] if "reward" in r] for n in (0, 1))
+    assert [r["_step"] for r in first] == [1, 2, 3] and [r["_step"] for r in resumed] == [3]
+    for r, m in zip(first[:2] + resumed, metrics):
+        assert (r["reward"], r["grad_norm"], r["loss"], r["correct"]) == (
+            m["reward_mean"], m["grad_norm"], m["policy_loss"], m["correct"])
+    tables = [item for r in _wandb_records(run_files[1]) if r.WhichOneof("record_type") == "history"
+              for item in r.history.item if "/".join(item.nested_key) == "rollouts/nrows"]
+    assert [json.loads(t.value_json) for t in tables] == [4]  # the step's rollouts as a table
+    summary = json.loads((out / "eval_summary.json").read_text())
+    accuracy = {r["_step"]: r["eval/accuracy"] for n in rows for r in rows[n] if "eval/accuracy" in r}
+    assert accuracy == {p["step"]: next(g["accuracy"] for g in p["groups"] if g["kind"] == "overall")
+                        for p in summary["phases"].values()}
 
 
 def test_the_step_bar_prints_a_line_per_step_off_a_terminal(watched):
