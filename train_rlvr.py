@@ -101,7 +101,7 @@ class Config:
     eval_temperature: float = 0.8
     eval_top_p: float = 0.9
     eval_every: int = 0
-    # watching: none, or trackers separated by commas (tensorboard, wandb); rank 0 reports
+    # watching: none, or trackers separated by commas (tensorboard, wandb, trackio); rank 0 reports
     report_to: str = "none"
 
 
@@ -1467,7 +1467,7 @@ def append_jsonl(path: Path, records: list[dict]) -> None:
 
 
 # Watching a run: the step bar, the trackers of report_to (each imported only when named), run.png.
-TRACKERS = ("tensorboard", "wandb")  # report_to's names; each one's pip package has its name
+TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's names; each one's pip package has its name
 
 
 def trackers_named(cfg: Config) -> list[str]:
@@ -1490,6 +1490,8 @@ class Watch:
     bar: tqdm
     tensorboard: object = None  # torch.utils.tensorboard.SummaryWriter
     wandb: object = None  # a wandb Run
+    trackio: object = None  # a trackio Run
+    trackio_from: int = 0  # the first step trackio's store does not hold yet (a resumed run's store may)
 
 
 def open_watch(cfg: Config, out: Path, done: int, total: int, resumed: Path | None) -> Watch:
@@ -1514,12 +1516,39 @@ def open_watch(cfg: Config, out: Path, done: int, total: int, resumed: Path | No
         w.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), dir=str(out), id=run_id,
                              resume="allow" if run_id else None, config=dataclasses.asdict(cfg),
                              settings=wandb.Settings(console="off", silent=True))
+    if "trackio" in trackers_named(cfg):
+        w.trackio, w.trackio_from = open_trackio(cfg, out, resumed)
     return w
+
+
+def open_trackio(cfg: Config, out: Path, resumed: Path | None) -> tuple[object, int]:
+    """A trackio run in its local store ($TRACKIO_DIR, else the Hugging Face cache), named after output_dir and
+    the time it started; a resumed run continues the one its checkpoint names. trackio has no purge, so a
+    resumed run sends only the steps after the last one the store holds (a step redone after a resume has
+    the same numbers: the same weights and random streams). Returns the run and that first step."""
+    from contextlib import redirect_stdout
+
+    import trackio
+    from trackio.sqlite_storage import SQLiteStorage
+
+    name = json.loads((resumed / "state.json").read_text()).get("trackio_run") if resumed else None
+    name = name or f"{out.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    project = os.environ.get("TRACKIO_PROJECT", "rlvr")
+    held = SQLiteStorage.get_max_step_for_run(project, name) if resumed else None
+    with redirect_stdout(sys.stderr):  # trackio announces itself on stdout, which holds only the table
+        run = trackio.init(project=project, name=name, resume="allow", config=dataclasses.asdict(cfg), embed=False,
+                           auto_log_gpu=False, auto_log_cpu=False)
+    return run, 0 if held is None else held + 1
 
 
 def tracker_ids(w: Watch | None) -> dict:
     """What a checkpoint keeps so that a resumed run continues the same tracker run."""
-    return {"wandb_run_id": w.wandb.id} if w is not None and w.wandb is not None else {}
+    ids = {}
+    if w is not None and w.wandb is not None:
+        ids["wandb_run_id"] = w.wandb.id
+    if w is not None and w.trackio is not None:
+        ids["trackio_run"] = w.trackio.name
+    return ids
 
 
 def step_scalars(m: dict, history: list[dict]) -> dict[str, float]:
@@ -1567,6 +1596,12 @@ def report_step(w: Watch, metrics: dict, rollouts: list[dict], history: list[dic
         columns = ["rollout", "reward", "advantage", "status", "answer", "tokens", "response"]
         table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rollouts])
         w.wandb.log({**step_scalars(metrics, history), "rollouts": table}, step=step)
+    if w.trackio is not None and step >= w.trackio_from:
+        import trackio
+
+        columns = ["rollout", "reward", "advantage", "status", "answer", "tokens", "response"]
+        table = trackio.Table(columns=columns, data=[[r[c] for c in columns] for r in rollouts])
+        w.trackio.log({**step_scalars(metrics, history), "rollouts": table}, step=step)
 
 
 def eval_scalars(summary: dict) -> dict[str, float]:
@@ -1585,6 +1620,8 @@ def report_eval(w: Watch, records: list[dict], samples: int) -> None:
         w.tensorboard.flush()
     if w.wandb is not None:
         w.wandb.log(scalars, step=step)
+    if w.trackio is not None and step >= w.trackio_from:
+        w.trackio.log(scalars, step=step)
 
 
 def close_watch(w: Watch | None, out: Path) -> None:
@@ -1596,6 +1633,11 @@ def close_watch(w: Watch | None, out: Path) -> None:
         w.tensorboard.close()
     if w.wandb is not None:
         w.wandb.finish()
+    if w.trackio is not None:
+        from contextlib import redirect_stdout
+
+        with redirect_stdout(sys.stderr):
+            w.trackio.finish()
     if process_rank() == 0:
         plot_run(out)
 

@@ -16,6 +16,8 @@ from conftest import ROOT
 tensorboard = pytest.importorskip("tensorboard", reason="requirements-test.txt installs tensorboard")
 matplotlib = pytest.importorskip("matplotlib", reason="requirements-test.txt installs matplotlib")
 wandb = pytest.importorskip("wandb", reason="requirements-test.txt installs wandb")
+if importlib.util.find_spec("trackio") is None:  # not imported here: it reads TRACKIO_DIR when imported
+    pytest.skip("requirements-test.txt installs trackio", allow_module_level=True)
 
 
 def _args(model_dir, data, out, *extra):
@@ -34,19 +36,20 @@ def _parity_rewards(monkeypatch):
 
 @pytest.fixture(scope="module")
 def watched(tiny_model_dir, tiny_data_file, tmp_path_factory):
-    """Three steps reported to TensorBoard and wandb, then resumed from the checkpoint of step 2 (step 3 redone)."""
+    """Three steps reported to TensorBoard, wandb and trackio, then resumed from the step-2 checkpoint (redoing 3)."""
     out = tmp_path_factory.mktemp("watched")
     runs = []
     with pytest.MonkeyPatch.context() as mp:
         _parity_rewards(mp)
         mp.setenv("WANDB_MODE", "offline")  # no network: wandb writes its run under output_dir/wandb
+        mp.setenv("TRACKIO_DIR", str(out / "trackio-store"))  # trackio's local store (read as it is imported)
         for extra in ([], [f"resume={out / 'checkpoints' / 'step-000002'}"]):
             import contextlib
             import io
 
             err = io.StringIO()
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                code = T.main(_args(tiny_model_dir, tiny_data_file, out, "report_to=tensorboard,wandb", *extra))
+                code = T.main(_args(tiny_model_dir, tiny_data_file, out, "report_to=tensorboard,wandb,trackio", *extra))
             assert code == 0, err.getvalue()
             runs.append(err.getvalue())
     return out, runs
@@ -134,6 +137,25 @@ def test_wandb_offline_holds_the_run_and_a_resume_continues_it(watched):
     accuracy = {r["_step"]: r["eval/accuracy"] for n in rows for r in rows[n] if "eval/accuracy" in r}
     assert accuracy == {p["step"]: next(g["accuracy"] for g in p["groups"] if g["kind"] == "overall")
                         for p in summary["phases"].values()}
+
+
+def test_trackio_local_store_holds_each_step_once_after_a_resume(watched):
+    out, _ = watched
+    from trackio.sqlite_storage import SQLiteStorage
+
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    state = json.loads((out / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert SQLiteStorage.get_runs("rlvr") == [state["trackio_run"]]  # the resumed run continued it
+    logs = SQLiteStorage.get_logs("rlvr", state["trackio_run"])
+    steps = [l for l in logs if "reward" in l]
+    assert [l["step"] for l in steps] == [1, 2, 3]
+    for l, m in zip(steps, metrics):
+        assert (l["reward"], l["grad_norm"], l["loss"], l["correct"]) == (
+            m["reward_mean"], m["grad_norm"], m["policy_loss"], m["correct"])
+        assert [r["reward"] for r in l["rollouts"]["_value"]] == [
+            r["reward"] for r in map(json.loads, (out / "rollouts.jsonl").read_text().splitlines())
+            if r["step"] == m["step"]]
+    assert SQLiteStorage.get_run_config("rlvr", state["trackio_run"])["group_size"] == 4
 
 
 def test_the_step_bar_prints_a_line_per_step_off_a_terminal(watched):
