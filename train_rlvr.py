@@ -1636,8 +1636,10 @@ def close_watch(w: Watch | None, out: Path) -> None:
     if w.trackio is not None:
         from contextlib import redirect_stdout
 
-        with redirect_stdout(sys.stderr):
-            w.trackio.finish()
+        import trackio
+
+        with redirect_stdout(sys.stderr):  # trackio.finish, not the run's: else trackio's exit hook finishes it
+            trackio.finish()                # again and prints on stdout
     if process_rank() == 0:
         plot_run(out)
 

@@ -207,3 +207,21 @@ def test_a_missing_package_is_one_line_and_nothing_fails(tiny_model_dir, tiny_da
     assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "b", "num_problems=1", "eval_problems=0")) == 0
     assert capsys.readouterr().err.count("needs matplotlib (pip install matplotlib") == 1
     assert not (tmp_path / "b" / "run.png").exists()
+
+
+def test_the_trackers_leave_stdout_to_the_table(tiny_model_dir, tiny_data_file, tmp_path):
+    """`python train_rlvr.py > table.txt` with every tracker on: trackio and wandb print on stderr or not at all
+    (trackio's exit hook would print on stdout if its run were left open)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WANDB_MODE": "offline", "TRACKIO_DIR": str(tmp_path / "store")}
+    proc = subprocess.run([sys.executable, str(ROOT / "train_rlvr.py"), *_args(
+        tiny_model_dir, tiny_data_file, tmp_path / "run", "num_problems=1", "eval_problems=0",
+        "report_to=tensorboard,wandb,trackio")], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == T.format_header(4) and lines[1].startswith("1 ") and lines[2] == ""
+    assert lines[3].startswith("correct rollouts") and lines[-1].startswith("total time") and len(lines) == 10
+    assert "Trackio" in proc.stderr
