@@ -1641,7 +1641,10 @@ def close_watch(w: Watch | None, out: Path) -> None:
         with redirect_stdout(sys.stderr):  # trackio.finish, not the run's: else trackio's exit hook finishes it
             trackio.finish()                # again and prints on stdout
     if process_rank() == 0:
-        plot_run(out)
+        try:
+            plot_run(out)
+        except Exception as e:  # the picture is a convenience: the run's outcome stands without it
+            progress(f"could not draw {out / 'run.png'} ({type(e).__name__}: {str(e)[:160]})")
 
 
 def read_jsonl(path: Path) -> list[dict]:
