@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import io
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from tqdm import tqdm
 
 import verifier
 
@@ -107,12 +109,14 @@ class Config:
     eval_temperature: float = 0.8
     eval_top_p: float = 0.9
     eval_every: int = 0
+    # watching: none, or trackers separated by commas (tensorboard, wandb, trackio); rank 0 reports
+    report_to: str = "none"
 
 
 # Keys that may differ between a checkpoint and the run that resumes it: none of them changes a
 # number of the steps already taken. Every other key does, and a difference is refused.
 RESUME_MAY_DIFFER = {"output_dir", "save_every", "keep_last", "resume", "overwrite", "verifier_timeout",
-                     "num_problems", "max_bad_steps", "eval_batch_size", "sharding", "dist_timeout"}
+                     "num_problems", "max_bad_steps", "eval_batch_size", "sharding", "dist_timeout", "report_to"}
 
 
 class UserError(Exception):
@@ -189,6 +193,8 @@ def validate_config(cfg: Config) -> None:
         ("model", cfg.model.strip() != "", "a hub id or a local folder"),
         ("dataset", cfg.dataset.strip() != "", "a hub name, a URL or a local JSON/JSONL/Parquet file"),
         ("output_dir", cfg.output_dir.strip() != "", "a folder path"),
+        ("report_to", cfg.report_to == "none" or set(trackers_named(cfg)) <= set(TRACKERS),
+         "none or one or more of " + ", ".join(TRACKERS) + ", separated by commas"),
         *eval_checks(cfg),
     ]
     for f in dataclasses.fields(cfg):
@@ -216,12 +222,16 @@ def eval_checks(cfg: Config) -> list[tuple[str, bool, str]]:
     ]
 
 
-def load_config(argv: list[str] | None = None) -> Config:
-    """YAML file, then key=value overrides from the command line; every value typed and checked."""
+def load_config(argv: list[str] | None = None) -> Config | Path:
+    """YAML file, then key=value overrides from the command line; every value typed and checked.
+    --plot FOLDER: that folder instead."""
     parser = argparse.ArgumentParser(description="RLVR training: one AdamW step per problem.")
     parser.add_argument("--config", default="config.yaml", help="YAML file of settings (default: config.yaml)")
+    parser.add_argument("--plot", metavar="FOLDER", help="draw FOLDER/run.png from a run's logs, and stop")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting of the YAML")
     args = parser.parse_args(argv)
+    if args.plot:  # main draws it
+        return Path(args.plot)
 
     values: dict = {}
     path = Path(args.config)
@@ -259,6 +269,7 @@ def load_config(argv: list[str] | None = None) -> Config:
     type_of = {"str": str, "int": int, "float": float, "bool": bool}
     cfg = Config(**{k: _coerce(k, v, type_of[types[k]]) for k, v in values.items()})
     validate_config(cfg)
+    check_trackers(cfg)
     return cfg
 
 
@@ -1442,8 +1453,38 @@ def format_summary(metrics: list[dict], total_seconds: float) -> str:
 
 def progress(msg: str) -> None:
     # Progress goes to stderr so that stdout holds only the table and the summary. One voice: rank 0's.
+    # tqdm.write lifts a bar drawn on a terminal above the line and redraws it below.
     if process_rank() == 0:
-        print(msg, file=sys.stderr, flush=True)
+        tqdm.write(msg, file=sys.stderr)
+        sys.stderr.flush()
+
+
+class _Unseen(io.TextIOBase):
+    """Where a bar draws itself when stderr is not a terminal: nowhere (its line goes out through progress)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def progress_bar(desc: str, total: int, done: int, unit: str) -> tqdm:
+    """A tqdm bar on stderr with rate and ETA (rank 0's; elsewhere a disabled one): redrawn in place on
+    a terminal; on a log file or a pipe it draws nowhere and bar_advanced prints its line, one per update."""
+    screen = sys.stderr.isatty()
+    bar = tqdm(total=total, initial=done, desc=desc, unit=unit, file=sys.stderr if screen else _Unseen(),
+               dynamic_ncols=screen, disable=process_rank() != 0)
+    bar.off_screen = not screen
+    return bar
+
+
+def bar_advanced(bar: tqdm, n: int, **postfix) -> None:
+    """Move the bar n on (and set its postfix); off a terminal, print its line."""
+    if bar.disable:
+        return
+    if postfix:
+        bar.set_postfix(postfix, refresh=False)
+    bar.update(n)
+    if bar.off_screen:
+        progress(str(bar))
 
 
 def say(text: str) -> None:
@@ -1466,6 +1507,257 @@ def append_jsonl(path: Path, records: list[dict]) -> None:
     with path.open("a") as f:
         for r in records:
             f.write(json.dumps(_json_safe(r)) + "\n")
+
+
+# Watching a run: the step bar, the trackers of report_to (each imported only when named), run.png.
+TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's names; each one's pip package has its name
+
+
+def trackers_named(cfg: Config) -> list[str]:
+    return [] if cfg.report_to == "none" else [name.strip() for name in cfg.report_to.split(",")]
+
+
+def check_trackers(cfg: Config) -> None:
+    """A tracker named in report_to must be installed: said before the model loads."""
+    import importlib.util
+
+    for name in trackers_named(cfg):
+        if importlib.util.find_spec(name) is None:
+            raise UserError(f"report_to names {name}, which is not installed here; pip install {name} "
+                            "(or drop it from report_to)")
+
+
+@dataclass
+class Watch:
+    """What watches the run besides stdout and the logs (rank 0's): the bar over the steps and the open trackers."""
+    bar: tqdm
+    tensorboard: object = None  # torch.utils.tensorboard.SummaryWriter
+    wandb: object = None  # a wandb Run
+    trackio: object = None  # a trackio Run
+    trackio_from: int = 0  # the first step trackio's store does not hold yet (a resumed run's store may)
+
+
+def open_watch(cfg: Config, out: Path, done: int, total: int, resumed: Path | None) -> Watch:
+    """The step bar from `done` of `total`, and the trackers of report_to, continuing a resumed run's
+    (TensorBoard drops the events of the steps redone: purge_step; wandb continues the run whose id
+    the checkpoint `resumed` keeps)."""
+    w = Watch(progress_bar("steps", total, done, "step"))
+    if process_rank() != 0:
+        return w
+    if "tensorboard" in trackers_named(cfg):
+        from torch.utils.tensorboard import SummaryWriter
+
+        # a fresh run drops any earlier run's events in the folder (overwrite=true); a resumed one the steps redone
+        w.tensorboard = SummaryWriter(str(out / "tensorboard"), purge_step=done + 1 if done else 0)
+        settings = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True)
+        w.tensorboard.add_text("config", "    " + settings.replace("\n", "\n    "), done)
+    if "wandb" in trackers_named(cfg):
+        import wandb
+
+        run_id = json.loads((resumed / "state.json").read_text()).get("wandb_run_id") if resumed else None
+        # console off: wandb must not wrap stdout (the table) or stderr; WANDB_MODE=offline writes locally only
+        w.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), dir=str(out), id=run_id,
+                             resume="allow" if run_id else None, config=dataclasses.asdict(cfg),
+                             settings=wandb.Settings(console="off", silent=True))
+    if "trackio" in trackers_named(cfg):
+        w.trackio, w.trackio_from = open_trackio(cfg, out, resumed)
+    return w
+
+
+def open_trackio(cfg: Config, out: Path, resumed: Path | None) -> tuple[object, int]:
+    """A trackio run in its local store ($TRACKIO_DIR, else the Hugging Face cache), named after output_dir and
+    the time it started; a resumed run continues the one its checkpoint names. trackio has no purge, so a
+    resumed run sends only the steps after the last one the store holds (a step redone after a resume has
+    the same numbers: the same weights and random streams). Returns the run and that first step."""
+    from contextlib import redirect_stdout
+
+    import trackio
+    from trackio.sqlite_storage import SQLiteStorage
+
+    name = json.loads((resumed / "state.json").read_text()).get("trackio_run") if resumed else None
+    name = name or f"{out.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    project = os.environ.get("TRACKIO_PROJECT", "rlvr")
+    held = SQLiteStorage.get_max_step_for_run(project, name) if resumed else None
+    with redirect_stdout(sys.stderr):  # trackio announces itself on stdout, which holds only the table
+        run = trackio.init(project=project, name=name, resume="allow", config=dataclasses.asdict(cfg), embed=False,
+                           auto_log_gpu=False, auto_log_cpu=False)
+    return run, 0 if held is None else held + 1
+
+
+def tracker_ids(w: Watch | None) -> dict:
+    """What a checkpoint keeps so that a resumed run continues the same tracker run."""
+    ids = {}
+    if w is not None and w.wandb is not None:
+        ids["wandb_run_id"] = w.wandb.id
+    if w is not None and w.trackio is not None:
+        ids["trackio_run"] = w.trackio.name
+    return ids
+
+
+def step_scalars(m: dict, history: list[dict]) -> dict[str, float]:
+    """The step's numbers under the names a TRL user knows (where the meaning is the same), and the summary's
+    counts so far."""
+    g, gen = m["group_size"], m["timings"].get("generation", 0.0)
+    scalars = {
+        "reward": m["reward_mean"], "reward_std": m["reward_std"], "frac_reward_zero_std": float(m["reward_std"] == 0),
+        "correct": m["correct"], "completions/mean_length": m["response_tokens"] / g,
+        "completions/clipped_ratio": m["cut_at_limit"] / g, "completions/no_answer_ratio": m["no_answer"] / g,
+        "loss": float(m["policy_loss"]), "grad_norm": float(m["grad_norm"]), "step_time": m["seconds"],
+        "tokens_per_second": m["response_tokens"] / gen if gen > 0 else 0.0,
+        "run/correct_rollouts": sum(h["correct"] for h in history),
+        "run/zero_variance_groups": sum(h["reward_std"] == 0 for h in history),
+        "run/skipped_steps": sum(h["skipped"] for h in history),
+    }
+    if m["update_norm"] is not None:  # a skipped step has none
+        scalars["update_norm"] = m["update_norm"]
+    return scalars
+
+
+def rollouts_markdown(rollouts: list[dict]) -> str:
+    """The step's rollouts as a Markdown table (TensorBoard's text panel)."""
+    def cell(x) -> str:
+        return str(x).replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| rollout | reward | advantage | status | answer | tokens | response |", "|---" * 7 + "|"]
+    lines += [f"| {r['rollout']} | {r['reward']} | {r['advantage']:.3f} | {r['status']} | {cell(r['answer'])} | "
+              f"{r['tokens']} | {cell(r['response'])} |" for r in rollouts]
+    return "\n".join(lines)
+
+
+def report_step(w: Watch, metrics: dict, rollouts: list[dict], history: list[dict]) -> None:
+    """The step to the bar and to every tracker."""
+    bar_advanced(w.bar, 1, correct=f"{metrics['correct']}/{metrics['group_size']}")
+    step = metrics["step"]
+    if w.tensorboard is not None:
+        for name, value in step_scalars(metrics, history).items():
+            w.tensorboard.add_scalar(name, value, step)
+        w.tensorboard.add_text("rollouts", rollouts_markdown(rollouts), step)
+        w.tensorboard.flush()
+    if w.wandb is not None:
+        import wandb
+
+        columns = ["rollout", "reward", "advantage", "status", "answer", "tokens", "response"]
+        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rollouts])
+        w.wandb.log({**step_scalars(metrics, history), "rollouts": table}, step=step)
+    if w.trackio is not None and step >= w.trackio_from:
+        import trackio
+
+        columns = ["rollout", "reward", "advantage", "status", "answer", "tokens", "response"]
+        table = trackio.Table(columns=columns, data=[[r[c] for c in columns] for r in rollouts])
+        w.trackio.log({**step_scalars(metrics, history), "rollouts": table}, step=step)
+
+
+def eval_scalars(summary: dict) -> dict[str, float]:
+    """One evaluation's accuracy overall, per level and per subject (summarize_phase's groups)."""
+    return {"eval/accuracy" if g["kind"] == "overall" else f"eval/{g['kind']}/{g['group']}": g["accuracy"]
+            for g in summary["groups"]}
+
+
+def report_eval(w: Watch, records: list[dict], samples: int) -> None:
+    """An evaluation's accuracies to every tracker, at the step of the weights it evaluated."""
+    summary = summarize_phase(records, samples)
+    scalars, step = eval_scalars(summary), summary["step"]
+    if w.tensorboard is not None:
+        for name, value in scalars.items():
+            w.tensorboard.add_scalar(name, value, step)
+        w.tensorboard.flush()
+    if w.wandb is not None:
+        w.wandb.log(scalars, step=step)
+    if w.trackio is not None and step >= w.trackio_from:
+        w.trackio.log(scalars, step=step)
+
+
+def close_watch(w: Watch | None, out: Path) -> None:
+    """The end of every run (finished or stopped): close the bar and the trackers, draw run.png."""
+    if w is None:
+        return
+    w.bar.close()
+    if w.tensorboard is not None:
+        w.tensorboard.close()
+    if w.wandb is not None:
+        w.wandb.finish()
+    if w.trackio is not None:
+        from contextlib import redirect_stdout
+
+        import trackio
+
+        with redirect_stdout(sys.stderr):  # trackio.finish, not the run's: else trackio's exit hook finishes it
+            trackio.finish()                # again and prints on stdout
+    if process_rank() == 0:
+        try:
+            plot_run(out)
+        except Exception as e:  # the picture is a convenience: the run's outcome stands without it
+            progress(f"could not draw {out / 'run.png'} ({type(e).__name__}: {str(e)[:160]})")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def run_figure(metrics: list[dict], eval_records: list[dict]):
+    """run.png's figure: per step the correct count out of the group (zero-variance groups marked), the
+    grad norm (before clipping) and the update norm on a log scale, the response tokens; and when the
+    run was evaluated, accuracy per level before and after with the 95 % Wilson intervals."""
+    from matplotlib.figure import Figure
+
+    phases = list(dict.fromkeys(r["phase"] for r in eval_records))
+    fig = Figure(figsize=(9, 11 if phases else 8.5), layout="constrained")
+    axes = fig.subplots(4 if phases else 3, 1)
+    steps = [m["step"] for m in metrics]
+    g = metrics[0]["group_size"] if metrics else 8
+    flat = [m["reward_std"] == 0 for m in metrics]
+    axes[0].bar(steps, [m["correct"] for m in metrics], color=["0.7" if f else "tab:green" for f in flat],
+                label="correct rollouts")
+    axes[0].plot([s for s, f in zip(steps, flat) if f], [0] * sum(flat), "x", color="tab:red",
+                 label="zero-variance group (no gradient)")
+    axes[0].set(ylabel=f"correct / {g}", ylim=(0, g), title="rewards per step")
+    def positive(x):  # a log axis has no 0 (a zero-variance group's gradient): a gap, not a line to the edge
+        return float(x) if x is not None and float(x) > 0 else float("nan")
+
+    axes[1].plot(steps, [positive(m["grad_norm"]) for m in metrics], ".-", label="grad norm (before clipping)")
+    axes[1].plot(steps, [positive(m["update_norm"]) for m in metrics], ".-", label="update norm")
+    axes[1].set(yscale="log", ylabel="norm", title="gradient and update (log scale; 0 not drawn)")
+    axes[2].plot(steps, [m["response_tokens"] for m in metrics], ".-", color="tab:purple")
+    axes[2].set(ylabel="tokens", xlabel="step", title="response tokens per step (the whole group)")
+    if phases:
+        samples = max(r["sample"] for r in eval_records) + 1
+        for k, phase in enumerate([phases[0], phases[-1]] if len(phases) > 1 else phases):
+            groups = [g for g in summarize_phase([r for r in eval_records if r["phase"] == phase], samples)["groups"]
+                      if g["kind"] != "subject"]
+            x = [i + (k - 0.5) * 0.3 for i in range(len(groups))]
+            acc = [g["accuracy"] for g in groups]
+            low, high = ([abs(a - g["wilson95"][j]) for a, g in zip(acc, groups)] for j in (0, 1))
+            errors = [low, high]
+            axes[3].errorbar(x, acc, yerr=errors, fmt="o", capsize=3, label=phase)
+        axes[3].set_xticks(range(len(groups)), [g["group"] for g in groups])
+        axes[3].set_xlim(-0.5, len(groups) - 0.5)
+        axes[3].set(ylabel="accuracy", ylim=(0, 1), title="evaluation accuracy with 95 % Wilson intervals")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+    return fig
+
+
+def plot_run(out: Path, required: bool = False) -> Path | None:
+    """Draw output_dir/run.png from metrics.jsonl and eval.jsonl. Without matplotlib: say once how to get it
+    (required, i.e. --plot: an error)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        if required:
+            raise UserError("--plot needs matplotlib; pip install matplotlib")
+        progress(f"no {out / 'run.png'}: the picture of the run needs matplotlib (pip install matplotlib, "
+                 f"then python train_rlvr.py --plot {out})")
+        return None
+    metrics = read_jsonl(out / "metrics.jsonl")
+    if not metrics:
+        if required:
+            raise UserError(f"--plot: {out} holds no metrics.jsonl with a step in it; pass a run's output_dir")
+        return None
+    run_figure(metrics, read_jsonl(out / "eval.jsonl")).savefig(out / "run.png", dpi=100)
+    progress(f"wrote {out / 'run.png'}")
+    return out / "run.png"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1522,21 +1814,6 @@ def score_responses(scorer: verifier.TimedVerifier, texts: list[str], golds: lis
     return [scorer.score(text, gold) for text, gold in zip(texts, golds)]
 
 
-def eval_progress(phase: str, done: int, total: int, seconds: float, tokens: int) -> None:
-    """A progress bar over problems on stderr: redrawn in place on a terminal, a line per batch elsewhere.
-    Several processes: rank 0's share of the problems."""
-    if process_rank() != 0:
-        return
-    width = 30
-    bar = "#" * (width * done // total) + "." * (width - width * done // total)
-    msg = (f"[eval {phase}] |{bar}| {done}/{total} problems  {seconds:.1f} s  "
-           f"{tokens / seconds if seconds > 0 else 0.0:.0f} tokens/s")
-    if sys.stderr.isatty():
-        print("\r" + msg, end="\n" if done == total else "", file=sys.stderr, flush=True)
-    else:
-        progress(msg)
-
-
 @torch.no_grad()
 def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, scorer, amp,
              phase: str, step: int | None) -> list[dict]:
@@ -1557,13 +1834,15 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, s
     t0, tokens = time.perf_counter(), 0
     width = min(cfg.eval_batch_size, len(order)) * k  # the compiled decoder's one batch shape
     # several processes: an interrupt or a failure in any rank's share stops them all
-    with agreed(phase, None, cfg=cfg), weight_cast_cache(amp, device.type), full_weights(model):
+    with progress_bar(f"[eval {phase}]", len(order), 0, "problem") as bar, agreed(phase, None, cfg=cfg), \
+            weight_cast_cache(amp, device.type), full_weights(model):  # the bar: rank 0's share
         for start in range(0, len(order), cfg.eval_batch_size):
             check_stop(local=True)  # safe point for SIGINT/SIGTERM (ranks run different numbers of batches)
             batch = order[start:start + cfg.eval_batch_size]
             tokens += evaluate_batch(model, tokenizer, problems, batch, records, cfg, eos_id, scorer, amp, phase,
                                      step, width)
-            eval_progress(phase, start + len(batch), len(order), time.perf_counter() - t0, tokens)
+            seconds = time.perf_counter() - t0
+            bar_advanced(bar, len(batch), tokens_per_s=f"{tokens / seconds if seconds > 0 else 0.0:.0f}")
     shares = gather_objects([(n, r) for n, r in enumerate(records) if r is not None])
     for n, r in (x for share in shares for x in share):
         records[n] = r
@@ -1968,7 +2247,7 @@ LOG_FILES = ("metrics.jsonl", "rollouts.jsonl")  # a run's logs; every checkpoin
 # the file it reads). Inside checkpoints/step-N (rlvr's own folder) the copy keeps the name config.yaml.
 RUN_CONFIG = "run_config.yaml"
 RUN_CONFIG_MARK = "# rlvr: the resolved settings of the run in this folder\n"  # without it: not ours
-RUN_FILES = (*LOG_FILES, RUN_CONFIG, "eval.jsonl", "eval_summary.json")  # what a run writes at the top
+RUN_FILES = (*LOG_FILES, RUN_CONFIG, "eval.jsonl", "eval_summary.json", "run.png")  # what a run writes at the top
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json", "config.yaml", *LOG_FILES)
 MANIFEST = "manifest.json"                       # size and sha256 of every file beside it, written last
 LOCK_FILE = ".rlvr.lock"
@@ -2059,13 +2338,14 @@ def no_space_message(folder: Path, need: int) -> str:
 
 
 def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_record: int | None,
-                    eval_steps: list[int] | None = None) -> Path:
+                    eval_steps: list[int] | None = None, tracker_ids: dict | None = None) -> Path:
     """Weights, optimizer state, step counter, config and the logs up to this step, with a manifest
     (size and sha256 of each file), written to a temporary folder, fsynced, then renamed into
     place: a crash mid-write leaves the previous checkpoints intact. Keeps the last keep_last.
     No RNG state: every rollout's stream is derived from (seed, step, rollout), see rollout_streams.
     With evaluation on, also eval.jsonl and the steps whose weights were evaluated (eval_steps), so
-    a resumed run does not redo them. A full disk raises StopRun with the space needed, after
+    a resumed run does not redo them; with report_to=wandb, the wandb run's id (tracker_ids), so a
+    resumed run continues it. A full disk raises StopRun with the space needed, after
     removing the partial folder."""
     import errno
 
@@ -2092,6 +2372,7 @@ def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_re
         state = {"step": step, "next_record": next_record}
         if eval_steps is not None:
             state["eval_steps_done"] = eval_steps
+        state.update(tracker_ids or {})
         (tmp / "state.json").write_text(json.dumps(state))
         write_manifest(tmp, step)
         for f in tmp.iterdir():
@@ -3052,6 +3333,9 @@ def main(argv: list[str] | None = None) -> int:
     od = None
     try:
         cfg = load_config(argv)
+        if isinstance(cfg, Path):  # --plot FOLDER
+            plot_run(cfg, required=True)
+            return 0
         check_world(cfg)
         device = resolve_device(cfg)
         precision = resolve_precision(cfg, device)
@@ -3112,6 +3396,7 @@ class RunState:
     last_saved: int = 0
     step: int = 0  # the step being trained
     started: float = 0.0
+    watch: Watch | None = None  # the step bar and the trackers, while the loop runs
 
 
 def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
@@ -3128,6 +3413,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
             for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
                 say(format_row(m))
             s.started = time.perf_counter()
+            s.watch = open_watch(cfg, s.out, len(s.history), len(s.problems), od.resume_from)
             if evaluate_if_due(len(s.history), t, s) and s.history:  # the base model, or what a stopped run left
                 write_checkpoint(len(s.history), t, s)  # resumed: the checkpoint of this step now records it
             for step in range(len(s.history) + 1, len(s.problems) + 1):
@@ -3139,6 +3425,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
     except (Interrupted, StopRun) as e:
         return stop_run(e, t, s)
     finally:
+        close_watch(s.watch, s.out)
         for sig, h in previous_handlers.items():
             signal.signal(sig, h)
     progress(f"saving the final model to {s.out / 'final'}")
@@ -3188,6 +3475,7 @@ def log_step(metrics: dict, rollouts: list[dict], t: Trainer, s: RunState) -> No
     append_jsonl(s.out / "rollouts.jsonl", rollouts)
     s.history.append(metrics)
     say(format_row(metrics))
+    report_step(s.watch, metrics, rollouts, s.history)
     bad = 0
     while bad < len(s.history) and s.history[-1 - bad]["skipped"]:
         bad += 1
@@ -3216,6 +3504,7 @@ def evaluate_if_due(step: int, t: Trainer, s: RunState) -> bool:
     note(f"after the {phase} evaluation")
     s.eval_log.extend(records)
     write_eval_files(s.out, s.eval_log, cfg)
+    report_eval(s.watch, records, cfg.eval_samples)
     progress(eval_line(phase, records, cfg.eval_samples, time.perf_counter() - t0))
     return True
 
@@ -3238,7 +3527,7 @@ def write_checkpoint(step: int, t: Trainer, s: RunState) -> None:
     try:
         check_replicas(t.params)
         save_checkpoint(s.out, step, t.model, t.optimizer, t.cfg, next_record(s.problems, step),
-                        eval_steps_done(s.eval_log, t.cfg))
+                        eval_steps_done(s.eval_log, t.cfg), tracker_ids(s.watch))
         failed = None
     except StopRun as e:
         failed = str(e)

@@ -420,7 +420,10 @@ def test_stdout_holds_the_tables_and_stderr_the_progress(moved):
     summary_at, eval_at = lines.index("") + 1, lines.index(next(l for l in lines if l.startswith("evaluation: ")))
     assert lines[summary_at].startswith("correct rollouts") and eval_at > summary_at
     assert "step-2" not in moved.stdout  # the stdout table compares before and after
-    assert "[eval before] |" in moved.stderr and "12/12 problems" in moved.stderr
+    # the evaluation's tqdm bar, a line per batch on a pipe: problems done of the total, rate and ETA
+    bars = [l for l in moved.stderr.splitlines() if l.startswith("[eval before]: ")]
+    assert bars and re.search(r"\| 12/12 \[[0-9:]+<00:00, +[0-9.]+(problem/s|s/problem), tokens_per_s=\d+\]$",
+                              bars[-1]), bars
     assert "[eval step-2] accuracy" in moved.stderr and "[eval after] accuracy" in moved.stderr
 
 

@@ -1,0 +1,227 @@
+"""Watching a run (docs/watching.md): the tqdm bars on stderr, report_to=tensorboard read back with
+TensorBoard's own event reader, report_to=wandb in offline mode read back from its run file, run.png's
+figure, and what happens when a package is missing."""
+
+import importlib.util
+import json
+import re
+import struct
+
+import numpy
+import pytest
+
+import train_rlvr as T
+from conftest import ROOT
+
+tensorboard = pytest.importorskip("tensorboard", reason="requirements-test.txt installs tensorboard")
+matplotlib = pytest.importorskip("matplotlib", reason="requirements-test.txt installs matplotlib")
+wandb = pytest.importorskip("wandb", reason="requirements-test.txt installs wandb")
+if importlib.util.find_spec("trackio") is None:  # not imported here: it reads TRACKIO_DIR when imported
+    pytest.skip("requirements-test.txt installs trackio", allow_module_level=True)
+
+
+def _args(model_dir, data, out, *extra):
+    return ["--config", str(ROOT / "config.yaml"), f"model={model_dir}", f"dataset={data}", "device=cpu",
+            f"output_dir={out}", "group_size=4", "max_new_tokens=8", "num_problems=3", "save_every=2",
+            f"eval_dataset={data}", "eval_problems=2", "eval_max_new_tokens=2", *extra]
+
+
+def _parity_rewards(monkeypatch):
+    """Odd-length responses score 1: groups with reward variance, so the steps train."""
+    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
+        (float(len(t) % 2 == 1), None, "wrong") for t in texts])
+    monkeypatch.setattr(T, "score_responses", lambda scorer, texts, golds: [
+        (float(len(t) % 2 == 1), None, "wrong") for t in texts])
+
+
+@pytest.fixture(scope="module")
+def watched(tiny_model_dir, tiny_data_file, tmp_path_factory):
+    """Three steps reported to TensorBoard, wandb and trackio, then resumed from the step-2 checkpoint (redoing 3)."""
+    out = tmp_path_factory.mktemp("watched")
+    runs = []
+    with pytest.MonkeyPatch.context() as mp:
+        _parity_rewards(mp)
+        mp.setenv("WANDB_MODE", "offline")  # no network: wandb writes its run under output_dir/wandb
+        mp.setenv("TRACKIO_DIR", str(out / "trackio-store"))  # trackio's local store (read as it is imported)
+        for extra in ([], [f"resume={out / 'checkpoints' / 'step-000002'}"]):
+            import contextlib
+            import io
+
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                code = T.main(_args(tiny_model_dir, tiny_data_file, out, "report_to=tensorboard,wandb,trackio", *extra))
+            assert code == 0, err.getvalue()
+            runs.append(err.getvalue())
+    return out, runs
+
+
+def _events(out):
+    """The folder as TensorBoard's own reader sees it (the one its app uses: every value a tensor, purges applied)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    return lambda tag: [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors(tag)]
+
+
+def test_tensorboard_holds_metrics_jsonl_once_per_step_after_a_resume(watched):
+    out, _ = watched
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    events = _events(out)
+    for name, key in (("reward", "reward_mean"), ("reward_std", "reward_std"), ("grad_norm", "grad_norm"),
+                      ("loss", "policy_loss"), ("step_time", "seconds"), ("correct", "correct")):
+        got = events(name)
+        # step 3 ran twice (before and after the resume): purge_step keeps one
+        assert [s for s, _ in got] == [1, 2, 3], (name, got)
+        assert [v for _, v in got] == pytest.approx([float(m[key]) for m in metrics], rel=1e-6), name
+    assert [v for _, v in events("completions/mean_length")] == pytest.approx(
+        [m["response_tokens"] / 4 for m in metrics])
+    assert [v for _, v in events("frac_reward_zero_std")] == [float(m["reward_std"] == 0) for m in metrics]
+    summary = json.loads((out / "eval_summary.json").read_text())
+    for phase in summary["phases"].values():
+        overall = next(g for g in phase["groups"] if g["kind"] == "overall")
+        assert [v for s, v in events("eval/accuracy") if s == phase["step"]] == pytest.approx(
+            [overall["accuracy"]])
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    text = events("rollouts/text_summary")
+    assert [step for step, _ in text] == [1, 2, 3]
+    last = text[-1][1].decode()
+    assert last.count("\n| ") == 4 and f"| 3 | {rollouts[-1]['reward']} |" in last
+
+
+def _wandb_records(run_file):
+    """The records of a wandb run file (what `wandb sync` uploads): 7-byte header, then 32 KiB blocks of
+    chunks (crc32, length, type: 1 whole, 2 first, 3 middle, 4 last), each record a wandb Record protobuf."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, record = run_file.read_bytes(), 7, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        room = 32768 - pos % 32768
+        if room < 7:  # a block's tail too short for a chunk header is padding
+            pos += room
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        record, pos = record + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):
+            parsed = wandb_internal_pb2.Record()
+            parsed.ParseFromString(record)
+            yield parsed
+            record = b""
+
+
+def test_wandb_offline_holds_the_run_and_a_resume_continues_it(watched):
+    out, _ = watched
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    run_files = sorted((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(run_files) == 2  # the first run and the resumed one
+    ids = [[r.run.run_id for r in _wandb_records(f) if r.WhichOneof("record_type") == "run"][0] for f in run_files]
+    state = json.loads((out / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert ids == [state["wandb_run_id"]] * 2  # the checkpoint's id: the same wandb run
+    rows = {}
+    for n, f in enumerate(run_files):
+        for r in _wandb_records(f):
+            if r.WhichOneof("record_type") == "history":
+                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+                rows.setdefault(n, []).append(row)
+    first, resumed = ([r for r in rows[n] if "reward" in r] for n in (0, 1))
+    assert [r["_step"] for r in first] == [1, 2, 3] and [r["_step"] for r in resumed] == [3]
+    for r, m in zip(first[:2] + resumed, metrics):
+        assert (r["reward"], r["grad_norm"], r["loss"], r["correct"]) == (
+            m["reward_mean"], m["grad_norm"], m["policy_loss"], m["correct"])
+    tables = [item for r in _wandb_records(run_files[1]) if r.WhichOneof("record_type") == "history"
+              for item in r.history.item if "/".join(item.nested_key) == "rollouts/nrows"]
+    assert [json.loads(t.value_json) for t in tables] == [4]  # the step's rollouts as a table
+    summary = json.loads((out / "eval_summary.json").read_text())
+    accuracy = {r["_step"]: r["eval/accuracy"] for n in rows for r in rows[n] if "eval/accuracy" in r}
+    assert accuracy == {p["step"]: next(g["accuracy"] for g in p["groups"] if g["kind"] == "overall")
+                        for p in summary["phases"].values()}
+
+
+def test_trackio_local_store_holds_each_step_once_after_a_resume(watched):
+    out, _ = watched
+    from trackio.sqlite_storage import SQLiteStorage
+
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    state = json.loads((out / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert SQLiteStorage.get_runs("rlvr") == [state["trackio_run"]]  # the resumed run continued it
+    logs = SQLiteStorage.get_logs("rlvr", state["trackio_run"])
+    steps = [l for l in logs if "reward" in l]
+    assert [l["step"] for l in steps] == [1, 2, 3]
+    for l, m in zip(steps, metrics):
+        assert (l["reward"], l["grad_norm"], l["loss"], l["correct"]) == (
+            m["reward_mean"], m["grad_norm"], m["policy_loss"], m["correct"])
+        assert [r["reward"] for r in l["rollouts"]["_value"]] == [
+            r["reward"] for r in map(json.loads, (out / "rollouts.jsonl").read_text().splitlines())
+            if r["step"] == m["step"]]
+    assert SQLiteStorage.get_run_config("rlvr", state["trackio_run"])["group_size"] == 4
+
+
+def test_the_step_bar_prints_a_line_per_step_off_a_terminal(watched):
+    _, (first, resumed) = watched
+    bar = [l for l in first.splitlines() if l.startswith("steps: ")]
+    assert [re.search(r"\| (\d)/3 \[", l).group(1) for l in bar] == ["1", "2", "3"]
+    assert re.search(r"\| 3/3 \[[0-9:]+<00:00, +[0-9.]+(s/step|step/s), correct=\d/4\]$", bar[-1]), bar[-1]
+    assert [re.search(r"\| (\d)/3 \[", l).group(1) for l in resumed.splitlines() if l.startswith("steps: ")] == ["3"]
+    assert "[step 3] generating 4 rollouts" in first and "[step 3] rewards" in first  # the progress lines stay
+
+
+def test_run_png_draws_the_runs_numbers(watched, tiny_model_dir, capsys):
+    out, _ = watched
+    assert (out / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    fig = T.run_figure(metrics, records)
+    correct, norms, tokens, accuracy = fig.axes
+    assert [p.get_height() for p in correct.patches] == [m["correct"] for m in metrics]
+    grad, update = norms.get_lines()
+    gap = float("nan")  # a log axis: 0 is drawn as a gap
+    numpy.testing.assert_equal(grad.get_ydata(), [m["grad_norm"] or gap for m in metrics])
+    numpy.testing.assert_equal(update.get_ydata(), [m["update_norm"] or gap for m in metrics])
+    assert norms.get_yscale() == "log"
+    assert list(tokens.get_lines()[0].get_ydata()) == [m["response_tokens"] for m in metrics]
+    for line, phase in zip(accuracy.get_lines(), ("before", "after")):
+        mine = [r for r in records if r["phase"] == phase]
+        accuracy_of = sum(r["reward"] for r in mine) / len(mine)
+        assert list(line.get_ydata()) == [accuracy_of, accuracy_of]  # overall and its one level, "level 1"
+    assert [t.get_text() for t in accuracy.get_xticklabels()] == ["overall", "level 1"]
+    (out / "run.png").unlink()
+    assert T.main(["--plot", str(out)]) == 0 and (out / "run.png").exists()
+    assert T.main(["--plot", str(tiny_model_dir)]) == 2
+    assert capsys.readouterr().err.strip().endswith("holds no metrics.jsonl with a step in it; pass a run's output_dir")
+
+
+def test_a_missing_package_is_one_line_and_nothing_fails(tiny_model_dir, tiny_data_file, tmp_path, monkeypatch,
+                                                       capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in (
+        "tensorboard", "matplotlib") else real(name, *a))
+    # the tracker: refused before the model loads (that model does not exist)
+    assert T.main(_args("/no/such/model", tiny_data_file, tmp_path / "a", "report_to=tensorboard")) == 2
+    assert capsys.readouterr().err == ("error: report_to names tensorboard, which is not installed here; "
+                                       "pip install tensorboard (or drop it from report_to)\n")
+    assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "a", "report_to=tensorbord")) == 2
+    assert "config key 'report_to' must be none or one or more of tensorboard" in capsys.readouterr().err
+    # the picture: said once, the run succeeds
+    assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "b", "num_problems=1", "eval_problems=0")) == 0
+    assert capsys.readouterr().err.count("needs matplotlib (pip install matplotlib") == 1
+    assert not (tmp_path / "b" / "run.png").exists()
+
+
+def test_the_trackers_leave_stdout_to_the_table(tiny_model_dir, tiny_data_file, tmp_path):
+    """`python train_rlvr.py > table.txt` with every tracker on: trackio and wandb print on stderr or not at all
+    (trackio's exit hook would print on stdout if its run were left open)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WANDB_MODE": "offline", "TRACKIO_DIR": str(tmp_path / "store")}
+    proc = subprocess.run([sys.executable, str(ROOT / "train_rlvr.py"), *_args(
+        tiny_model_dir, tiny_data_file, tmp_path / "run", "num_problems=1", "eval_problems=0",
+        "report_to=tensorboard,wandb,trackio")], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == T.format_header(4) and lines[1].startswith("1 ") and lines[2] == ""
+    assert lines[3].startswith("correct rollouts") and lines[-1].startswith("total time") and len(lines) == 10
+    assert "Trackio" in proc.stderr
