@@ -529,6 +529,17 @@ def compile_setting(args, device, compiled: bool) -> str:
     return "true" if device.type == "cpu" and args.cpu_compile else "auto"
 
 
+def run_main(T, device, notes: Notes, argv: list[str]) -> None:
+    """train_rlvr.main(argv), the real CLI path, with its wall time, exit code and peak memory noted."""
+    notes.set("argv", argv)
+    reset_peak(device)
+    t0 = time.perf_counter()
+    code = T.main(argv)
+    notes.set("main_seconds", time.perf_counter() - t0)
+    notes.set("exit_code", code)
+    notes.set("peak_memory", peak_memory(device))
+
+
 def section_train(args, device, notes: Notes, compiled: bool, precision: str) -> None:
     import train_rlvr as T
 
@@ -537,17 +548,11 @@ def section_train(args, device, notes: Notes, compiled: bool, precision: str) ->
     run_dir = Path(args.work) / "runs" / args.child
     empty = Path(args.work) / "empty.yaml"
     empty.write_text("# the GPU check passes every setting on the command line\n")
-    argv = ["--config", str(empty), f"model={args.model_dir}", f"dataset={Path(args.problems).resolve()}",
-            f"num_problems={args.steps}", f"max_new_tokens={args.new_tokens}", f"group_size={GROUP}",
-            f"device={device}", f"precision={precision}", f"compile={compile_setting(args, device, compiled)}",
-            f"output_dir={run_dir}", "overwrite=true"]
-    notes.set("argv", argv)
-    reset_peak(device)
-    t0 = time.perf_counter()
-    code = T.main(argv)
-    notes.set("main_seconds", time.perf_counter() - t0)
-    notes.set("exit_code", code)
-    notes.set("peak_memory", peak_memory(device))
+    run_main(T, device, notes, [
+        "--config", str(empty), f"model={args.model_dir}", f"dataset={Path(args.problems).resolve()}",
+        f"num_problems={args.steps}", f"max_new_tokens={args.new_tokens}", f"group_size={GROUP}",
+        f"device={device}", f"precision={precision}", f"compile={compile_setting(args, device, compiled)}",
+        f"output_dir={run_dir}", "overwrite=true"])
     notes.set("compile_failed", list(getattr(T, "COMPILE_FAILED", [])))
     notes.set("ties", ties)
     notes.set("dynamo", dynamo_stats())
@@ -560,17 +565,11 @@ def section_eval(args, device, notes: Notes) -> None:
     instrument(T, device, notes)
     empty = Path(args.work) / "empty.yaml"
     empty.write_text("# the GPU check passes every setting on the command line\n")
-    argv = ["--config", str(empty), f"model={args.model_dir}", "num_problems=0",
-            f"eval_dataset={Path(args.eval_problems).resolve()}", f"eval_problems={args.eval_count}",
-            f"eval_max_new_tokens={args.eval_tokens}", f"eval_batch_size={args.eval_batch}", f"device={device}",
-            f"output_dir={Path(args.work) / 'runs' / 'eval'}", "overwrite=true"]
-    notes.set("argv", argv)
-    reset_peak(device)
-    t0 = time.perf_counter()
-    code = T.main(argv)
-    notes.set("main_seconds", time.perf_counter() - t0)
-    notes.set("exit_code", code)
-    notes.set("peak_memory", peak_memory(device))
+    run_main(T, device, notes, [
+        "--config", str(empty), f"model={args.model_dir}", "num_problems=0",
+        f"eval_dataset={Path(args.eval_problems).resolve()}", f"eval_problems={args.eval_count}",
+        f"eval_max_new_tokens={args.eval_tokens}", f"eval_batch_size={args.eval_batch}", f"device={device}",
+        f"output_dir={Path(args.work) / 'runs' / 'eval'}", "overwrite=true"])
 
 
 def section_nccl(args, device, notes: Notes) -> None:
