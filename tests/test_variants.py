@@ -238,3 +238,17 @@ def test_a_run_with_every_variant_records_them_and_refuses_a_change_on_resume(ti
         assert T.main([*args, "num_problems=3", "resume=auto", changed]) == 2
         err = capsys.readouterr().err
         assert "cannot resume" in err and changed.split("=")[0] in err
+
+
+# The spec's run stays the default, bit for bit
+
+def test_the_default_run_is_the_spec_run_bit_for_bit(tmp_path):
+    """Every setting at its default: the table, rollouts.jsonl and the final weights equal what main
+    gave before the variants of issue 21's second half (tests/fixtures/default-run, its README)."""
+    import default_run
+
+    want = json.loads((ROOT / "tests" / "fixtures" / "default-run" / "expected.json").read_text())
+    got = default_run.default_run(tmp_path)
+    assert got["table"] == want["table"]
+    assert got["rollouts_sha256"] == want["rollouts_sha256"]
+    assert got["weights"] == want["weights"]
