@@ -55,7 +55,7 @@ MATH_TRAIN_URL = (
 PRECISIONS = ("auto", "fp32", "bf16-autocast", "bf16")
 ADVANTAGE_STDS = ("group", "none")                                            # see compute_advantages
 LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  # see loss_divisors
-ZERO_VARIANCES = ("step", "skip")                                             # see step_or_skip
+ZERO_VARIANCES = ("step", "skip", "resample")                                 # see step_or_skip, draw_group
 
 
 @dataclass
@@ -82,7 +82,12 @@ class Config:
     advantage_std: str = "group"
     loss_aggregation: str = "sequence_sum"
     zero_variance: str = "step"
+    resample_limit: int = 8  # zero_variance=resample: groups drawn per optimizer step at most
     format_reward: float = 0.0
+    kl_coef: float = 0.0
+    ppo_epochs: int = 1
+    clip_eps: float = 0.2
+    token_report: bool = False
     seed: int = 0
     device: str = "cuda"
     precision: str = "auto"
@@ -175,7 +180,11 @@ def validate_config(cfg: Config) -> None:
         ("advantage_std", cfg.advantage_std in ADVANTAGE_STDS, "one of " + ", ".join(ADVANTAGE_STDS)),
         ("loss_aggregation", cfg.loss_aggregation in LOSS_AGGREGATIONS, "one of " + ", ".join(LOSS_AGGREGATIONS)),
         ("zero_variance", cfg.zero_variance in ZERO_VARIANCES, "one of " + ", ".join(ZERO_VARIANCES)),
+        ("resample_limit", 1 <= cfg.resample_limit <= 1024, "an integer in [1, 1024] (groups drawn per step)"),
         ("format_reward", 0 <= cfg.format_reward <= 1e6, "a number in [0, 1e6] (0: off)"),
+        ("kl_coef", 0 <= cfg.kl_coef <= 1e6, "a number in [0, 1e6] (0: no KL term, no reference model)"),
+        ("ppo_epochs", 1 <= cfg.ppo_epochs <= 64, "an integer in [1, 64] (optimizer steps per group)"),
+        ("clip_eps", 0 < cfg.clip_eps < 1, "a number in (0, 1) (the ratio is clipped to [1 - eps, 1 + eps])"),
         ("seed", 0 <= cfg.seed < 2**63, "an integer in [0, 2**63) (torch's seeds are 64-bit)"),
         ("compile", cfg.compile in ("auto", "true", "false"), "auto, true or false"),
         ("logprob_batch_size", cfg.logprob_batch_size >= 1, "an integer >= 1"),
@@ -434,11 +443,13 @@ def open_dataset(source: str, split: str, what: str = "dataset"):
 
 
 def load_records(source: str, split: str, fields: dict[str, str], start: int, count: int,
-                 setting: str = "dataset", count_keys: tuple[str, ...] = ("start_index", "num_problems")) -> list[dict]:
+                 setting: str = "dataset", count_keys: tuple[str, ...] = ("start_index", "num_problems"),
+                 up_to: int = 0) -> list[dict]:
     """Records start .. start + count - 1 of a data set, in file order (never shuffled), each a dict
     of all its fields plus "index" (its position in the file). `source` is a hub name, a URL or a
     local .json/.jsonl(.gz)/.parquet file; `fields` maps setting -> field name that every record must
-    have; `setting` and `count_keys` name the settings in the error messages."""
+    have; `setting` and `count_keys` name the settings in the error messages. up_to > count: as many
+    records beyond those as the data set has, up to that many in all."""
     ds = open_dataset(source, split, setting)
     for key, field in fields.items():
         if field not in ds.column_names:
@@ -448,14 +459,17 @@ def load_records(source: str, split: str, fields: dict[str, str], start: int, co
     if len(ds) < end:
         raise UserError(f"{setting} has {len(ds)} records but {' + '.join(count_keys)} = {end}; "
                         f"lower {' or '.join(reversed(count_keys))}")
-    return [dict(ds[i], index=i) for i in range(start, end)]
+    return [dict(ds[i], index=i) for i in range(start, max(end, min(start + up_to, len(ds))))]
 
 
 def load_problems(cfg: Config) -> list[dict]:
-    """The first num_problems records from start_index, in file order (never shuffled)."""
+    """The first num_problems records from start_index, in file order (never shuffled).
+    zero_variance=resample: up to resample_limit times as many, as far as the data set goes (the
+    groups set aside are replaced by the next problems; run_candidates)."""
+    more = cfg.num_problems * cfg.resample_limit if cfg.zero_variance == "resample" else 0
     records = load_records(cfg.dataset, cfg.dataset_split,
                            {"problem_field": cfg.problem_field, "answer_field": cfg.answer_field},
-                           cfg.start_index, cfg.num_problems)
+                           cfg.start_index, cfg.num_problems, up_to=more)
     return [{"index": r["index"], "problem": r[cfg.problem_field], "answer": r[cfg.answer_field]} for r in records]
 
 
@@ -1183,6 +1197,64 @@ def policy_loss(advantage: torch.Tensor, seq_log_prob: torch.Tensor, divisor: in
     return -(advantage.detach() * seq_log_prob) / divisor
 
 
+def kl_k3(ref_log_probs: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
+    """kl_coef: the k3 estimator of KL(policy || reference) per token, with q_it the frozen reference's
+    log-probability:  k3_it = exp(q_it - l_it) - (q_it - l_it) - 1.  Never negative; exactly 0, with
+    a zero gradient, where q_it = l_it (so at step 1, whose weights are the reference's)."""
+    d = ref_log_probs - log_probs
+    return torch.exp(d) - d - 1
+
+
+def clipped_objective(advantage: torch.Tensor, log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                      clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """ppo_epochs > 1, every epoch after the first: PPO's clipped objective summed over a response's tokens,
+      sum_t min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps) A_i),   rho_it = exp(l_it - l_old_it),
+    l_old the log-probabilities of the group's first pass; and how many tokens the clip holds (their
+    ratio outside [1 - eps, 1 + eps] on the side A_i pushes it to: their gradient is 0)."""
+    a = advantage.detach()
+    ratio = torch.exp(log_probs - old_log_probs)
+    objective = torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a).sum()
+    held = ((ratio < 1 - clip_eps) & (a < 0)) | ((ratio > 1 + clip_eps) & (a > 0))
+    return objective, held.sum()
+
+
+@dataclass
+class LossTerms:
+    """What the variants add to the spec's per-response term (backpropagate_group builds it only when
+    one is on), and what they measure along the way. With none of them the spec's policy_loss is
+    used unchanged."""
+    reference: torch.nn.Module | None = None  # kl_coef > 0: the frozen weights the run started from
+    kl_coef: float = 0.0
+    old: list | None = None  # a later epoch of ppo_epochs: the first pass's token log-probs, per response
+    clip_eps: float = 0.2
+    # measured in the pass, per response of this rank (tensors: read once per group, not per response)
+    token_log_probs: list = dataclasses.field(default_factory=list)  # detached
+    kl: list = dataclasses.field(default_factory=list)  # sum_t k3_it
+    held: list = dataclasses.field(default_factory=list)  # tokens whose ratio the clip holds
+
+
+def response_loss(advantage: torch.Tensor, log_probs: torch.Tensor, divisor: int, prompt_ids, response,
+                  amp, terms: LossTerms, i: int) -> torch.Tensor:
+    """Response i's term of a variant's loss: its tokens' terms summed, divided by divisor_i:
+      the spec's (and the first epoch's)   -A_i sum_t l_it
+      a later epoch of ppo_epochs         -sum_t min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps) A_i)
+      with kl_coef = beta > 0, plus       +beta sum_t k3_it                   (q_it: the reference's)"""
+    terms.token_log_probs.append(log_probs.detach())
+    if terms.old is None:
+        loss = -(advantage.detach() * log_probs.sum())
+    else:
+        objective, held = clipped_objective(advantage, log_probs, terms.old[i], terms.clip_eps)
+        loss = -objective
+        terms.held.append(held)
+    if terms.kl_coef:
+        with torch.no_grad():
+            ref = token_log_probs(terms.reference, prompt_ids, response, amp)
+        k3 = kl_k3(ref, log_probs)
+        terms.kl.append(k3.detach().sum())
+        loss = loss + terms.kl_coef * k3.sum()
+    return loss / divisor
+
+
 def loss_divisors(aggregation: str, lengths: list[int], max_new_tokens: int) -> list[int]:
     """How each response's token sum is scaled (loss_aggregation); lengths are the group's L_i
     (EOS included), G = len(lengths). Response i's term is -A_i * (sum_t x_it) / divisor_i with
@@ -1213,29 +1285,39 @@ def zero_gradients(params: list[torch.nn.Parameter]) -> None:
 
 
 def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp,
-                               logprob_batch_size: int = 1, divisors: list[int] | None = None):
+                               logprob_batch_size: int = 1, divisors: list[int] | None = None,
+                               terms: LossTerms | None = None):
     """Zero the gradient once, then forward + backward one response at a time, so only one
     response's graph is alive at once. Returns (policy loss, sequence log-probs or Nones).
 
     logprob_batch_size > 1 runs that many responses per forward + backward (right-padded, see
     batch_token_log_probs): the same gradient up to float rounding, one graph of that many alive.
     A group whose advantages are all exactly 0 has an exactly-zero gradient: its passes are skipped.
-    divisors (one per response, loss_divisors) replace the spec's G when a variant aggregates otherwise."""
+    divisors (one per response, loss_divisors) replace the spec's G when a variant aggregates otherwise;
+    terms (LossTerms) add a KL or a clipped-ratio term per token (response_loss), and with a KL term
+    a zero-variance group still has a gradient: its passes run."""
     zero_gradients(params)
     divisors = [group_size] * len(responses) if divisors is None else divisors
-    if bool((advantages == 0).all()):
+    if bool((advantages == 0).all()) and not (terms and terms.kl_coef):
         return 0.0, [None] * len(responses)
     losses_done, seq_lps_done = [], []
     size = max(1, int(logprob_batch_size))
     for start in range(0, len(responses), size):
         check_stop()  # safe point for SIGINT/SIGTERM: the weights are untouched until the optimizer step
         chunk = responses[start:start + size]
-        if len(chunk) == 1:
+        if terms is not None:
+            lps = ([token_log_probs(model, prompt_ids, chunk[0], amp)] if len(chunk) == 1
+                   else batch_token_log_probs(model, prompt_ids, chunk, amp))
+            seq_lps = [lp.sum() for lp in lps]
+            losses = [response_loss(advantages[start + j], lp, divisors[start + j], prompt_ids, chunk[j], amp, terms,
+                                    start + j) for j, lp in enumerate(lps)]
+        elif len(chunk) == 1:
             seq_lps = [sequence_log_prob(model, prompt_ids, chunk[0], amp)]
         else:
             seq_lps = [lp.sum() for lp in batch_token_log_probs(model, prompt_ids, chunk, amp)]
-        losses = [policy_loss(a, s, d) for a, s, d in zip(advantages[start:start + size], seq_lps,
-                                                          divisors[start:start + size])]
+        if terms is None:
+            losses = [policy_loss(a, s, d) for a, s, d in zip(advantages[start:start + size], seq_lps,
+                                                              divisors[start:start + size])]
         (losses[0] if len(losses) == 1 else torch.stack(losses).sum()).backward()
         losses_done += [loss.detach() for loss in losses]
         seq_lps_done += [seq_lp.detach() for seq_lp in seq_lps]
@@ -1391,15 +1473,28 @@ COLUMNS = [("step", 6), ("correct/{G}", 11), ("reward mean", 13), ("sample std",
            ("seconds", 0)]
 
 
-def _row(cells: list[str]) -> str:
+# Shown only when their variant is on, before the seconds: the spec's table stays as it is.
+EXTRA_COLUMNS = [("epoch", 7), ("clipped", 9), ("kl", 11)]
+
+
+def table_columns(extras=()) -> list[tuple[str, int]]:
+    return COLUMNS[:-1] + [c for c in EXTRA_COLUMNS if c[0] in extras] + COLUMNS[-1:]
+
+
+def table_extras(ppo_epochs: int, kl_coef: float) -> list[str]:
+    """The extra columns of a run: the epoch and the clipped fraction with ppo_epochs > 1, the KL with kl_coef."""
+    return (["epoch", "clipped"] if ppo_epochs > 1 else []) + (["kl"] if kl_coef else [])
+
+
+def _row(cells: list[str], columns=COLUMNS) -> str:
     out = ""
-    for cell, (_, width) in zip(cells, COLUMNS):
+    for cell, (_, width) in zip(cells, columns):
         out += cell.ljust(width) if len(cell) < width else cell + "  "
     return out.rstrip()
 
 
-def format_header(group_size: int) -> str:
-    return _row([name.replace("{G}", str(group_size)) for name, _ in COLUMNS])
+def format_header(group_size: int, extras=()) -> str:
+    return _row([name.replace("{G}", str(group_size)) for name, _ in table_columns(extras)], table_columns(extras))
 
 
 def _fixed(x: float, digits: int) -> str:
@@ -1407,18 +1502,28 @@ def _fixed(x: float, digits: int) -> str:
     return s[1:] if s.startswith("-") and float(s) == 0 else s  # never print -0.000000
 
 
+def _update_cell(moved) -> str:
+    return "skipped" if moved is None else f"{moved:.3e}"
+
+
 def format_row(m: dict) -> str:
-    return _row([
-        str(m["step"]),
-        str(m["correct"]),
-        _fixed(m["reward_mean"], 3),
-        _fixed(m["reward_std"], 6),
-        f"{m['response_tokens']:>4d}",
-        _fixed(float(m["policy_loss"]), 6),
-        _fixed(float(m["grad_norm"]), 3),
-        "skipped" if m["update_norm"] is None else f"{m['update_norm']:.3e}",
-        f"{m['seconds']:.1f}",
-    ])
+    """The step's row; with ppo_epochs > 1 one row per epoch (its loss, norms, clipped fraction and
+    KL), with zero_variance=resample a marked row for each group set aside before it."""
+    extras = table_extras(len(m.get("epochs", [None])), "kl" in m)
+    columns = table_columns(extras)
+    group = [str(m["correct"]), _fixed(m["reward_mean"], 3), _fixed(m["reward_std"], 6), f"{m['response_tokens']:>4d}"]
+    lines = [_row([str(m["step"]), str(g["correct"]), _fixed(g["reward_mean"], 3), _fixed(g["reward_std"], 6),
+                   f"{g['response_tokens']:>4d}", f"set aside (problem {g['problem_index']})"], columns)
+             for g in m.get("set_aside", [])]
+    for k, e in enumerate(m.get("epochs", [m])):
+        cells = [str(m["step"]), *(group if k == 0 else [""] * 4), _fixed(float(e["policy_loss"]), 6),
+                 _fixed(float(e["grad_norm"]), 3), _update_cell(e["update_norm"])]
+        if "epoch" in extras:
+            cells += [str(e["epoch"]), f"{e['clipped_fraction']:.3f}"]
+        if "kl" in extras:
+            cells.append(f"{e['kl']:.3e}")
+        lines.append(_row(cells + [f"{m['seconds']:.1f}" if k == 0 else ""], columns))
+    return "\n".join(lines)
 
 
 def format_summary(metrics: list[dict], total_seconds: float) -> str:
@@ -1428,7 +1533,7 @@ def format_summary(metrics: list[dict], total_seconds: float) -> str:
     grad_steps = [m["step"] for m in metrics if not m["skipped"] and m["grad_norm"] > 0]
     moved = [m["step"] for m in metrics if not m["skipped"] and m["update_norm"] > 0]
     skipped = [m["step"] for m in metrics if m["skipped"]]
-    gen_tokens = sum(m["response_tokens"] for m in metrics)
+    gen_tokens = sum(m["response_tokens"] + sum(g["response_tokens"] for g in m.get("set_aside", [])) for m in metrics)
     gen_seconds = sum(m["timings"]["generation"] for m in metrics)
     timeouts = sum(m["verifier_timeouts"] + m["verifier_crashes"] for m in metrics)
 
@@ -1436,6 +1541,7 @@ def format_summary(metrics: list[dict], total_seconds: float) -> str:
         return ": " + ", ".join(map(str, steps)) if 0 < len(steps) <= 20 else ""
 
     mean_reward = n_correct / n_rollouts if n_rollouts else 0.0
+    drawn = [m["problems_drawn"] for m in metrics if "problems_drawn" in m]
     lines = [
         "",
         f"correct rollouts        {n_correct}/{n_rollouts} (mean reward {mean_reward:.4f})",
@@ -1448,6 +1554,9 @@ def format_summary(metrics: list[dict], total_seconds: float) -> str:
         f"({total_seconds:.1f} s in this process); generation {gen_tokens} tokens "
         f"at {gen_tokens / gen_seconds if gen_seconds else 0.0:.1f} tokens/s",
     ]
+    if drawn:  # zero_variance=resample
+        lines.insert(3, f"problems drawn          {sum(drawn)} for {len(metrics)} optimizer steps; "
+                        f"{sum(drawn) - len(drawn)} zero-variance groups set aside")
     return "\n".join(lines)
 
 
@@ -1739,6 +1848,65 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
     return fig
 
 
+def boxed_span(text: str) -> tuple[int, int]:
+    """Character span of the last \\boxed{...} of a text, braces matched; (0, 0) if none."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return 0, 0
+    depth = 0
+    for i in range(start + len("\\boxed"), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return start, i + 1
+    return start, len(text)
+
+
+def token_figure(records: list[dict]):
+    """tokens.png (token_report): the best-rewarded response of the last step in tokens.jsonl, each
+    token on a background coloured by the change of its log-probability over that step (after -
+    before; blue up, red down, white unchanged), and the mean change inside its last \\boxed{} (the
+    answer) against the rest (the filler): where the credit went."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+
+    last = [r for r in records if r["step"] == records[-1]["step"]]
+    rec = max(last, key=lambda r: (r["reward"], -r["rollout"]))
+    change = [a - b for a, b in zip(rec["after"], rec["before"])]
+    scale = max(max(abs(c) for c in change), 1e-12)
+    cols, ends, pos = 96, [], 0
+    for piece in rec["tokens"]:
+        pos += len(piece)
+        ends.append(pos)
+    lo, hi = boxed_span("".join(rec["tokens"]))
+    inside = [c for c, e, piece in zip(change, ends, rec["tokens"]) if e > lo and e - len(piece) < hi and hi > lo]
+    outside = [c for c, e, piece in zip(change, ends, rec["tokens"]) if not (e > lo and e - len(piece) < hi and hi > lo)]
+    lines, x, y = [], 0, 0
+    for piece, c in zip(rec["tokens"], change):
+        shown = piece.replace("\n", "\u23ce") or "\u2205"
+        if x + len(shown) > cols and x:
+            x, y = 0, y + 1
+        lines.append((x, y, shown, c))
+        x += len(shown)
+    fig = Figure(figsize=(11, 1.6 + 0.22 * (y + 1)), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set(xlim=(0, cols), ylim=(y + 1, -0.5))
+    ax.axis("off")
+    cmap, norm = colormaps["RdBu"], Normalize(-scale, scale)
+    for x, y, shown, c in lines:
+        ax.text(x, y, shown, family="monospace", fontsize=8, va="top",
+                bbox=dict(facecolor=cmap(norm(c)), edgecolor="none", pad=0.6))
+    mean = lambda v: f"{sum(v) / len(v):+.4f} ({len(v)} tokens)" if v else "none"  # noqa: E731
+    ax.set_title(f"step {rec['step']}, problem {rec['problem_index']}, rollout {rec['rollout']}: reward "
+                 f"{rec['reward']:g}, advantage {rec['advantage']:+.3f}; change of each token's log-probability "
+                 f"over the step\nmean change inside the last \\boxed{{}}: {mean(inside)}; elsewhere: {mean(outside)}",
+                 fontsize=9, loc="left")
+    fig.colorbar(ScalarMappable(norm, cmap), ax=ax, orientation="horizontal", fraction=0.08, aspect=60,
+                 label="log-probability after - before")
+    return fig
+
+
 def plot_run(out: Path, required: bool = False) -> Path | None:
     """Draw output_dir/run.png from metrics.jsonl and eval.jsonl. Without matplotlib: say once how to get it
     (required, i.e. --plot: an error)."""
@@ -1757,6 +1925,10 @@ def plot_run(out: Path, required: bool = False) -> Path | None:
         return None
     run_figure(metrics, read_jsonl(out / "eval.jsonl")).savefig(out / "run.png", dpi=100)
     progress(f"wrote {out / 'run.png'}")
+    tokens = read_jsonl(out / "tokens.jsonl")
+    if tokens:  # token_report
+        token_figure(tokens).savefig(out / "tokens.png", dpi=100)
+        progress(f"wrote {out / 'tokens.png'}")
     return out / "run.png"
 
 
@@ -2418,19 +2590,25 @@ def recover_checkpoint_rewrite(root: Path) -> None:
             progress(f"restored {root / name} from {old.name} (a checkpoint rewrite was interrupted)")
 
 
-def next_record(problems: list[dict], steps_done: int) -> int | None:
-    return problems[steps_done]["index"] if steps_done < len(problems) else None
+def next_record(problems: list[dict], drawn: int) -> int | None:
+    return problems[drawn]["index"] if drawn < len(problems) else None
+
+
+def problems_drawn(history: list[dict]) -> int:
+    """The problems the steps done have drawn: one each, more with zero_variance=resample."""
+    return sum(m.get("problems_drawn", 1) for m in history)
 
 
 def checkpoint_history(ckpt: Path, problems: list[dict]) -> list[dict]:
     """The metrics of the steps a verified checkpoint has done (its step counter, checked against
     its logs by verify_checkpoint), once its data position is checked against the data."""
     state = json.loads((ckpt / "state.json").read_text())
-    here = next_record(problems, state["step"])
+    history = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    here = next_record(problems, problems_drawn(history))
     if state.get("next_record") is not None and here != state["next_record"]:
         raise UserError(f"cannot resume {ckpt}: its next problem is dataset record {state['next_record']}, "
                         f"but the data now give record {here}; the data set changed since the checkpoint")
-    return [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    return history
 
 
 def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[dict]:
@@ -3105,6 +3283,7 @@ class Trainer:
     weights_before: list
     state_before: dict = dataclasses.field(default_factory=dict)
     scorer: verifier.TimedVerifier | None = None  # started with the loop
+    reference: torch.nn.Module | None = None  # kl_coef > 0: the frozen starting weights (load_reference)
 
 
 @dataclass
@@ -3117,32 +3296,59 @@ class Group:
     rewards: torch.Tensor
 
 
-def train_step(step: int, problem: dict, t: Trainer) -> tuple[dict, list[dict]]:
+def train_step(step: int, candidates: list[dict], draw: int, t: Trainer) -> tuple[dict, list[dict]]:
     """One problem, one AdamW step: sample the group, score it, standardize the rewards within it,
-    backpropagate the policy loss one response at a time, clip and step, report."""
+    backpropagate the policy loss one response at a time, clip and step, report. The spec's step is
+    candidates = [its problem], draw = step, ppo_epochs = 1 (variants: draw_group, docs/variants.md)."""
     clock = Stopwatch(t.device)
-    prompt_ids = torch.tensor(problem["prompt_ids"], device=t.device)  # tokenized once, by check_problems
-    responses, cut = sample_group(step, problem, prompt_ids, t)  # this rank's share (one process: all)
-    clock.lap("generation")
-    group = score_group(step, responses, cut, problem["answer"], t)
-    clock.lap("rewards")
+    problem, prompt_ids, responses, group, set_aside = draw_group(step, candidates, draw, t, clock)
     advantages = compute_advantages(group.rewards, t.cfg.std_eps, t.cfg.advantage_std)
-    loss, seq_log_probs = backpropagate_group(step, prompt_ids, responses, advantages, group.tokens, t)
-    clock.lap("logprob_backward")
-    grad_norm, moved = step_or_skip(advantages, loss, t)
-    clock.lap("optimizer")
-    return step_report(step, problem, t.cfg, group, advantages, loss, seq_log_probs, grad_norm, moved, clock)
+    epochs, first_pass, seq_log_probs = [], None, None
+    for epoch in range(1, t.cfg.ppo_epochs + 1):  # the spec: one
+        loss, seq_lps, measured, log_probs = backpropagate_group(step, prompt_ids, responses, advantages,
+                                                                 group.tokens, t, first_pass)
+        clock.lap("logprob_backward")
+        grad_norm, moved = step_or_skip(advantages, loss, t)
+        clock.lap("optimizer")
+        epochs.append(dict(epoch=epoch, policy_loss=loss, grad_norm=grad_norm, update_norm=moved, **measured))
+        if epoch == 1:
+            first_pass, seq_log_probs = log_probs, seq_lps
+        if moved is None:  # undone (non-finite): the group takes no further epoch
+            break
+    changes = token_changes(prompt_ids, responses, advantages, first_pass, epochs, t)
+    return step_report(step, problem, t.cfg, group, advantages, seq_log_probs, epochs, clock, set_aside, changes)
 
 
-def sample_group(step: int, problem: dict, prompt_ids: torch.Tensor, t: Trainer):
+def draw_group(step: int, candidates: list[dict], draw: int, t: Trainer, clock):
+    """sample_group and score_group for the step's problem (candidates[0]; `draw` numbers it, and
+    keys its random streams). zero_variance=resample (DAPO's dynamic sampling): a group whose
+    rewards are all equal is set aside and the next candidate drawn, until a group has reward
+    variance or the candidates (resample_limit at most: run_candidates) are used up; the last one
+    drawn is trained on either way. Returns the problem, its prompt ids, this rank's responses, the
+    group and the (problem, group) pairs set aside."""
+    set_aside = []
+    for k, problem in enumerate(candidates):
+        prompt_ids = torch.tensor(problem["prompt_ids"], device=t.device)  # tokenized once, by check_problems
+        responses, cut = sample_group(step, draw + k, problem, prompt_ids, t)  # this rank's share (one process: all)
+        clock.lap("generation")
+        group = score_group(step, responses, cut, problem["answer"], t)
+        clock.lap("rewards")
+        if k == len(candidates) - 1 or not bool((group.rewards == group.rewards[0]).all()):
+            return problem, prompt_ids, responses, group, set_aside
+        progress(f"[step {step}] zero-variance group of problem {problem['index']} set aside; drawing the next")
+        set_aside.append((problem, group))
+
+
+def sample_group(step: int, draw: int, problem: dict, prompt_ids: torch.Tensor, t: Trainer):
     """This rank's rollouts of the group (rank_share; one process: all of them), each drawn from
-    its own random stream, so the tokens do not depend on the number of processes."""
+    its own random stream (keyed by the draw: the step, without resampling), so the tokens do not
+    depend on the number of processes."""
     mine = rank_share(t.cfg.group_size)
     progress(f"[step {step}] generating {t.cfg.group_size} rollouts (problem {problem['index']})")
     with agreed("generation", step, rollouts=len(mine), prompt_tokens=len(prompt_ids), cfg=t.cfg), \
             full_weights(t.model):
         return generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id,
-                                 rollout_streams(t.cfg.seed, step, mine, t.device), autocast(t.device, t.precision))
+                                 rollout_streams(t.cfg.seed, draw, mine, t.device), autocast(t.device, t.precision))
 
 
 def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answer: str, t: Trainer) -> Group:
@@ -3167,24 +3373,51 @@ def format_bonus(status: str, was_cut: bool, weight: float) -> float:
     return weight if weight and status in ("correct", "wrong") and not was_cut else 0.0
 
 
+def loss_terms(t: Trainer, first_pass: list | None) -> LossTerms | None:
+    """The variants' additions to the spec's per-response term (response_loss), or None: the spec's
+    policy_loss alone (kl_coef 0, the first epoch, no token report)."""
+    if not (t.cfg.kl_coef or first_pass is not None or t.cfg.ppo_epochs > 1 or t.cfg.token_report):
+        return None
+    return LossTerms(t.reference, t.cfg.kl_coef, first_pass, t.cfg.clip_eps)
+
+
 def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor],
-                        advantages: torch.Tensor, lengths: list[int], t: Trainer) -> tuple[float, list]:
+                        advantages: torch.Tensor, lengths: list[int], t: Trainer, first_pass: list | None = None):
     """accumulate_policy_gradient over this rank's responses, one at a time; the gradients summed
     across ranks, so every rank holds the whole group's. lengths are the whole group's L_i (for
-    loss_aggregation). Returns the group's policy loss and its sequence log-probabilities (Nones in
-    a zero-variance group)."""
+    loss_aggregation). first_pass: a later epoch of ppo_epochs (the first pass's token log-probs).
+    Returns the group's policy loss, its sequence log-probabilities (Nones in a zero-variance
+    group), what the variants measured (the kl per token, the clipped fraction: only those on) and
+    this rank's token log-probabilities (with a variant on)."""
     mine = rank_share(t.cfg.group_size)
     divisors = loss_divisors(t.cfg.loss_aggregation, lengths, t.cfg.max_new_tokens)[mine.start:mine.stop]
+    terms = loss_terms(t, first_pass)
     with agreed("backward", step, longest=max(len(r) for r in responses), prompt_tokens=len(prompt_ids), cfg=t.cfg):
         loss, seq_log_probs = accumulate_policy_gradient(
             t.model, t.params, prompt_ids, responses, advantages[mine.start:mine.stop].to(t.device),
-            t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size, divisors)
-    if not bool((advantages == 0).all()):
+            t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size, divisors, terms)
+    if not bool((advantages == 0).all()) or t.cfg.kl_coef:
         sum_gradients(t.params)
-    shares = gather_objects((loss, seq_log_probs))
+    shares = gather_objects((loss, seq_log_probs, pass_sums(terms)))
     note(f"step {step}: optimizer step")
     check_stop()  # the last safe point: nothing of this step has touched the weights or AdamW yet
-    return sum(share[0] for share in shares), [x for share in shares for x in share[1]]
+    measured = {}
+    if t.cfg.kl_coef:
+        measured["kl"] = sum(share[2][0] for share in shares) / sum(lengths)  # the mean k3 per token
+    if t.cfg.ppo_epochs > 1:
+        measured["clipped_fraction"] = sum(share[2][1] for share in shares) / sum(lengths)
+    return (sum(share[0] for share in shares), [x for share in shares for x in share[1]], measured,
+            terms.token_log_probs if terms is not None else None)
+
+
+def pass_sums(terms: LossTerms | None) -> tuple[float, float]:
+    """This rank's sum of k3 over its tokens and its count of clipped tokens (one host sync)."""
+    if terms is None:
+        return 0.0, 0.0
+    zero = torch.zeros((), device=terms.token_log_probs[0].device if terms.token_log_probs else "cpu")
+    kl = torch.stack(terms.kl).sum() if terms.kl else zero
+    held = torch.stack(terms.held).sum().to(kl.dtype) if terms.held else zero
+    return tuple(torch.stack([kl.to(zero.device), held.to(zero.device)]).tolist())
 
 
 def step_or_skip(advantages: torch.Tensor, loss: float, t: Trainer) -> tuple[float, float | None]:
@@ -3196,29 +3429,70 @@ def step_or_skip(advantages: torch.Tensor, loss: float, t: Trainer) -> tuple[flo
     return optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.weights_before, t.state_before)
 
 
-def step_report(step, problem, cfg, group: Group, advantages, loss, seq_log_probs, grad_norm, moved,
-                clock) -> tuple[dict, list[dict]]:
-    """The step's metrics (one table row, metrics.jsonl) and its rollouts (rollouts.jsonl)."""
-    statuses = [s[2] for s in group.scored]
+def token_changes(prompt_ids, responses, advantages, before: list | None, epochs: list[dict],
+                  t: Trainer) -> list[dict] | None:
+    """token_report, for a step with reward variance whose update was taken: every response token's
+    log-probability before the step (the first pass's) and after it (one more forward per response),
+    the whole group's (gathered; rank 0 writes them to tokens.jsonl)."""
+    if not t.cfg.token_report or bool((advantages == 0).all()) or epochs[-1]["update_norm"] is None:
+        return None
+    amp = autocast(t.device, t.precision)
+    with torch.no_grad():
+        after = [token_log_probs(t.model, prompt_ids, r, amp) for r in responses]
+    mine = [(r.tolist(), b.tolist(), a.tolist()) for r, b, a in zip(responses, before, after)]
+    group = [x for share in gather_objects(mine) for x in share]
+    return [{"token_ids": ids, "tokens": [t.tokenizer.decode([i]) for i in ids], "before": b, "after": a}
+            for ids, b, a in group]
+
+
+def step_report(step, problem, cfg, group: Group, advantages, seq_log_probs, epochs: list[dict], clock,
+                set_aside: list = (), changes: list[dict] | None = None) -> tuple[dict, list[dict]]:
+    """The step's metrics (one table row, metrics.jsonl) and its rollouts (rollouts.jsonl). The
+    metrics' loss and norms are the first epoch's (the spec's step); with ppo_epochs > 1 every
+    epoch's are under "epochs". Groups set aside (zero_variance=resample) come first in rollouts."""
+    first, figures = epochs[0], group_figures(cfg, group, advantages)
     metrics = {
         "step": step,
         "problem_index": problem["index"],
+        **{k: figures.pop(k) for k in ("group_size", "correct", "reward_mean", "reward_std", "response_tokens")},
+        "policy_loss": first["policy_loss"],
+        "grad_norm": first["grad_norm"],
+        "update_norm": first["update_norm"],
+        "skipped": any(e["update_norm"] is None for e in epochs),
+        "seconds": clock.total(),
+        **figures,
+    }
+    metrics.update({k: first[k] for k in ("kl", "clipped_fraction") if k in first})
+    if cfg.ppo_epochs > 1:
+        metrics["epochs"] = epochs
+    if cfg.zero_variance == "resample":
+        metrics["problems_drawn"] = len(set_aside) + 1
+        metrics["set_aside"] = [dict(problem_index=p["index"], **group_figures(cfg, g, torch.zeros(len(g.texts))))
+                                for p, g in set_aside]
+    metrics["timings"] = clock.timings
+    rollouts = [r for p, g in set_aside for r in group_rollouts(step, p, cfg, g, torch.zeros(len(g.texts)),
+                                                              [None] * len(g.texts), set_aside=True)]
+    rollouts += group_rollouts(step, problem, cfg, group, advantages, seq_log_probs, changes=changes)
+    return metrics, rollouts
+
+
+def group_figures(cfg, group: Group, advantages) -> dict:
+    statuses = [s[2] for s in group.scored]
+    return {
         "group_size": cfg.group_size,
         "correct": sum(s[0] == 1 for s in group.scored),  # the verifier's, without format_reward
         "reward_mean": float(group.rewards.mean()),
         "reward_std": float(group.rewards.std(unbiased=True)) if bool(advantages.any()) else 0.0,  # 8 x 0.1: 0
         "response_tokens": sum(group.tokens),
-        "policy_loss": loss,
-        "grad_norm": grad_norm,
-        "update_norm": moved,
-        "skipped": moved is None,
-        "seconds": clock.total(),
         "cut_at_limit": sum(group.cut),
         "no_answer": statuses.count("no_answer"),
         "verifier_timeouts": statuses.count("timeout"),
         "verifier_crashes": statuses.count("crash"),
-        "timings": clock.timings,
     }
+
+
+def group_rollouts(step, problem, cfg, group: Group, advantages, seq_log_probs, set_aside: bool = False,
+                   changes: list[dict] | None = None) -> list[dict]:
     rollouts = [{
         "step": step,
         "problem_index": problem["index"],
@@ -3232,7 +3506,12 @@ def step_report(step, problem, cfg, group: Group, advantages, loss, seq_log_prob
         "cut_at_limit": group.cut[i],
         "sequence_log_prob": seq_log_probs[i],
     } for i in range(cfg.group_size)]
-    return metrics, rollouts
+    if set_aside:
+        for r in rollouts:
+            r["set_aside"] = True
+    for r, c in zip(rollouts, changes or []):
+        r["token_changes"] = c  # token_report: log_step moves them to tokens.jsonl
+    return rollouts
 
 
 class Stopwatch:
@@ -3246,7 +3525,8 @@ class Stopwatch:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
-        self.timings[phase], self.last = now - self.last, now
+        # a phase met again (a resampled group, another epoch) adds up
+        self.timings[phase], self.last = self.timings.get(phase, 0.0) + (now - self.last), now
 
     def total(self) -> float:
         self.timings["step"] = self.last - self.start
@@ -3278,6 +3558,23 @@ def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
     eos_id = resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
     warn_if_not_model_eos(model, tokenizer, cfg, eos_id)
     return shard_model(model, device).eval(), tokenizer, eos_id
+
+
+def load_reference(cfg: Config, device: torch.device, precision: str) -> torch.nn.Module | None:
+    """kl_coef > 0: the frozen reference, the weights the run started from: `model` loaded again
+    (from the files the first load read: local only), no gradient, sharded like the policy under
+    fsdp. A resumed run loads the same, as resume refuses another model or revision. Memory: one
+    more copy of the weights (2.4 GB for Qwen3-0.6B in float32, 1.2 GB in bf16; a 1/world shard
+    under fsdp), no gradients or AdamW state."""
+    if not cfg.kl_coef:
+        return None
+    from transformers import AutoModelForCausalLM
+
+    progress(f"loading the reference model for the KL term (kl_coef {cfg.kl_coef})")
+    reference = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, local_files_only=True,
+                                                     dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+    reference.requires_grad_(False)
+    return shard_model(reference, device).eval()
 
 
 def resolve_eos_id(tokenizer, cfg: Config, vocab_size: int) -> int:
@@ -3391,6 +3688,7 @@ class RunState:
     argv: list[str]
     problems: list[dict]
     eval_set: list[dict]
+    steps: int  # optimizer steps in all: num_problems (as far as the data set goes)
     history: list[dict] = dataclasses.field(default_factory=list)
     eval_log: list[dict] = dataclasses.field(default_factory=list)
     last_saved: int = 0
@@ -3408,17 +3706,17 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
     try:
         with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as t.scorer:
             begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
-            s.eval_log = on_rank0(read_eval_log, s.out, eval_steps_in(od.resume_from), len(s.problems))
-            say(format_header(cfg.group_size))
+            s.eval_log = on_rank0(read_eval_log, s.out, eval_steps_in(od.resume_from), s.steps)
+            say(format_header(cfg.group_size, table_extras(cfg.ppo_epochs, cfg.kl_coef)))
             for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
                 say(format_row(m))
             s.started = time.perf_counter()
-            s.watch = open_watch(cfg, s.out, len(s.history), len(s.problems), od.resume_from)
+            s.watch = open_watch(cfg, s.out, len(s.history), s.steps, od.resume_from)
             if evaluate_if_due(len(s.history), t, s) and s.history:  # the base model, or what a stopped run left
                 write_checkpoint(len(s.history), t, s)  # resumed: the checkpoint of this step now records it
-            for step in range(len(s.history) + 1, len(s.problems) + 1):
+            for step in range(len(s.history) + 1, s.steps + 1):
                 s.step = step
-                metrics, rollouts = train_step(step, s.problems[step - 1], t)
+                metrics, rollouts = train_step(step, *run_candidates(s, cfg), t)
                 log_step(metrics, rollouts, t, s)
                 evaluate_if_due(step, t, s)  # after step N (eval_every) or after the last step
                 checkpoint_if_due(step, t, s)
@@ -3459,8 +3757,8 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id,
-                update_norm_buffers(params, device))
-    s = RunState(od.path, argv, problems, list(eval_set))
+                update_norm_buffers(params, device), reference=load_reference(cfg, device, precision))
+    s = RunState(od.path, argv, problems, list(eval_set), min(cfg.num_problems, len(problems)))
     if od.resume_from is not None:
         s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
         s.last_saved = len(s.history)
@@ -3468,10 +3766,24 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     return t, s
 
 
+def run_candidates(s: RunState, cfg: Config) -> tuple[list[dict], int]:
+    """The problems the next step may draw, and the draw number of the first (1-based: the step's,
+    without resampling). One; with zero_variance=resample up to resample_limit, as many as the data
+    set holds beyond one problem for each step still to come (so every step has one)."""
+    drawn, to_come = problems_drawn(s.history), s.steps - len(s.history)
+    n = 1 if cfg.zero_variance != "resample" else max(1, min(cfg.resample_limit,
+                                                             len(s.problems) - drawn - (to_come - 1)))
+    return s.problems[drawn:drawn + n], drawn + 1
+
+
 def log_step(metrics: dict, rollouts: list[dict], t: Trainer, s: RunState) -> None:
     """The step's row on stdout and its lines in metrics.jsonl and rollouts.jsonl. After
     max_bad_steps non-finite steps in a row (each one undone) the run stops."""
     append_jsonl(s.out / "metrics.jsonl", [metrics])
+    changes = [dict(step=r["step"], problem_index=r["problem_index"], rollout=r["rollout"], reward=r["reward"],
+                    advantage=r["advantage"], **r.pop("token_changes")) for r in rollouts if "token_changes" in r]
+    if changes:
+        append_jsonl(s.out / "tokens.jsonl", changes)
     append_jsonl(s.out / "rollouts.jsonl", rollouts)
     s.history.append(metrics)
     say(format_row(metrics))
@@ -3488,7 +3800,7 @@ def evaluate_if_due(step: int, t: Trainer, s: RunState) -> bool:
     """Evaluate the weights after `step` if the settings ask for it there and the log does not hold
     it yet; the records join the log and the eval files are rewritten. Returns whether it
     evaluated. A signal or CUDA out of memory during the evaluation stops the run."""
-    cfg, last = t.cfg, len(s.problems)
+    cfg, last = t.cfg, s.steps
     if not s.eval_set or not evaluation_due(cfg, step, last) or any(r["step"] == step for r in s.eval_log):
         return False
     phase = eval_phase(step, last)
@@ -3513,7 +3825,7 @@ def checkpoint_if_due(step: int, t: Trainer, s: RunState) -> None:
     """A checkpoint every save_every steps and after the last; and when a signal arrived during
     the optimizer step (on any rank): the step is complete, so it is saved, and the run stops."""
     signalled = agreed_signal()
-    if (t.cfg.save_every and step % t.cfg.save_every == 0) or step == len(s.problems) or signalled:
+    if (t.cfg.save_every and step % t.cfg.save_every == 0) or step == s.steps or signalled:
         write_checkpoint(step, t, s)
     if signalled:
         raise StopRun(f"stopped by {signal.Signals(signalled).name} after step {step}", 128 + signalled)
@@ -3526,7 +3838,7 @@ def write_checkpoint(step: int, t: Trainer, s: RunState) -> None:
     progress(f"[step {step}] writing checkpoint")
     try:
         check_replicas(t.params)
-        save_checkpoint(s.out, step, t.model, t.optimizer, t.cfg, next_record(s.problems, step),
+        save_checkpoint(s.out, step, t.model, t.optimizer, t.cfg, next_record(s.problems, problems_drawn(s.history)),
                         eval_steps_done(s.eval_log, t.cfg), tracker_ids(s.watch))
         failed = None
     except StopRun as e:

@@ -705,7 +705,9 @@ def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_fi
     _rewards_from_parity(monkeypatch)
     real, compared = T.accumulate_policy_gradient, []
 
-    def against_float32(model, params, prompt, responses, adv, group_size, amp, batch_size=1, divisors=None):
+    def against_float32(model, params, prompt, responses, adv, group_size, amp, batch_size=1, divisors=None,
+                        terms=None):
+        assert terms is None  # the spec's step
         twin = copy.deepcopy(model).float()
         loss, lps = real(model, params, prompt, responses, adv, group_size, amp, batch_size, divisors)
         ref_loss, ref_lps = real(twin, list(twin.parameters()), prompt, responses, adv.float(), group_size,

@@ -170,6 +170,9 @@ def test_format_bonus_needs_a_readable_box_and_eos():
     assert T.format_bonus("correct", False, 0.0) == 0.0
 
 
+ONE_EPOCH = dict(epoch=1, policy_loss=0.0, grad_norm=0.0, update_norm=0.0)
+
+
 def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     _, tokenizer = tiny_model
     scores = {"a": (1.0, "2", "correct"), "b": (0.0, "3", "wrong"), "c": (0.0, None, "no_answer"),
@@ -181,7 +184,7 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     group = T.score_group(1, responses, [False, False, False, True], "2", t)  # d was cut at the limit
     assert group.rewards.tolist() == [1.5, 0.5, 0.0, 0.0]
     adv = T.compute_advantages(group.rewards, cfg.std_eps)
-    metrics, rollouts = T.step_report(1, {"index": 0}, cfg, group, adv, 0.0, [None] * 4, 0.0, 0.0,
+    metrics, rollouts = T.step_report(1, {"index": 0}, cfg, group, adv, [None] * 4, [ONE_EPOCH],
                                       T.Stopwatch(torch.device("cpu")))
     assert metrics["correct"] == 1 and metrics["reward_mean"] == 0.5
     assert [r["reward"] for r in rollouts] == [1.5, 0.5, 0.0, 0.0]
@@ -191,7 +194,7 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg)
     group = T.score_group(2, [torch.tensor(tokenizer.encode(x)) for x in "abcdefgh"], [False] * 8, "2", t)
     adv = T.compute_advantages(group.rewards, cfg.std_eps)
-    metrics, _ = T.step_report(2, {"index": 1}, cfg, group, adv, 0.0, [None] * 8, 0.0, 0.0,
+    metrics, _ = T.step_report(2, {"index": 1}, cfg, group, adv, [None] * 8, [ONE_EPOCH],
                                T.Stopwatch(torch.device("cpu")))
     assert group.rewards.std().item() > 0 and not adv.any() and metrics["reward_std"] == 0.0  # a zero-variance group
 
@@ -203,8 +206,14 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
 @pytest.mark.parametrize("arg, fragment", [
     ("advantage_std=std", "config key 'advantage_std' must be one of group, none, got 'std'"),
     ("loss_aggregation=mean", "config key 'loss_aggregation' must be one of sequence_sum, sequence_mean, token_mean"),
-    ("zero_variance=drop", "config key 'zero_variance' must be one of step, skip, got 'drop'"),
+    ("zero_variance=drop", "config key 'zero_variance' must be one of step, skip, resample, got 'drop'"),
     ("format_reward=-1", "config key 'format_reward' must be a number in [0, 1e6] (0: off), got -1.0"),
+    ("resample_limit=0", "config key 'resample_limit' must be an integer in [1, 1024] (groups drawn per step), got 0"),
+    ("kl_coef=-0.1", "config key 'kl_coef' must be a number in [0, 1e6] (0: no KL term, no reference model), got -0.1"),
+    ("ppo_epochs=0", "config key 'ppo_epochs' must be an integer in [1, 64] (optimizer steps per group), got 0"),
+    ("clip_eps=1", "config key 'clip_eps' must be a number in (0, 1) (the ratio is clipped to [1 - eps, 1 + eps]), "
+                   "got 1.0"),
+    ("token_report=maybe", "config key 'token_report' must be bool, got 'maybe'"),
 ])
 def test_bad_variant_settings_are_one_line_and_exit_2(tiny_model_dir, tiny_data_file, tmp_path, capsys, arg, fragment):
     code = T.main(["--config", str(ROOT / "config.yaml"), f"model={tiny_model_dir}", f"dataset={tiny_data_file}",
