@@ -62,7 +62,9 @@ def default_run(folder: Path, extra: list[str] = ()) -> dict:
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     weights = load_file(out / "final" / "model.safetensors")
     return {
-        "table": [T.format_row(m).rsplit(None, 1)[0] for m in metrics],  # the seconds column dropped
+        # the seconds column dropped (a marker in its place, then cut off; rows of later epochs have none)
+        "table": [line.removesuffix("-1.0").rstrip() for m in metrics
+                  for line in T.format_row(dict(m, seconds=-1.0)).splitlines()],
         "rollouts_sha256": hashlib.sha256((out / "rollouts.jsonl").read_bytes()).hexdigest(),
         "weights": {k: fingerprint(v) for k, v in sorted(weights.items())},
     }

@@ -2,6 +2,7 @@
 model; the spec's own formula is checked the same way, since it stays the default."""
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -261,3 +262,261 @@ def test_the_default_run_is_the_spec_run_bit_for_bit(tmp_path):
     assert got["table"] == want["table"]
     assert got["rollouts_sha256"] == want["rollouts_sha256"]
     assert got["weights"] == want["weights"]
+
+
+# ----------------------------------------------------------------------------------------------
+# kl_coef: k3 to a frozen reference
+
+
+def test_k3_worked_numbers_and_its_zero_at_the_reference():
+    q, l = torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([-2.0, -1.0, -0.5], requires_grad=True)
+    k3 = T.kl_k3(q, l)
+    # d = q - l = 1, -1, 0: e - 2, 1/e, 0
+    assert k3.tolist() == pytest.approx([math.e - 2, 1 / math.e, 0.0], abs=1e-6)
+    k3.sum().backward()
+    # d k3 / d l = 1 - exp(q - l): 1 - e, 1 - 1/e, exactly 0 where q = l
+    assert l.grad.tolist() == pytest.approx([1 - math.e, 1 - 1 / math.e, 0.0], abs=1e-6) and l.grad[2] == 0
+
+
+def _perturbed_copy(model, seed=3, scale=0.05):
+    import copy
+
+    ref = copy.deepcopy(model).requires_grad_(False)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return ref
+
+
+def _token_lps(model, prompt, r):
+    logp = torch.log_softmax(model(torch.cat([prompt, r]).unsqueeze(0)).logits[0].float(), dim=-1)
+    return torch.stack([logp[len(prompt) - 1 + t, tok] for t, tok in enumerate(r.tolist())])
+
+
+@pytest.mark.parametrize("aggregation", ["sequence_sum", "token_mean"])
+def test_the_kl_term_gives_the_hand_computed_loss_and_gradient(tiny_model, aggregation):
+    """loss = sum_i (-A_i sum_t l_it + beta sum_t k3_it) / divisor_i, k3 against a reference that
+    differs from the policy; and a zero-variance group still gets the KL's gradient."""
+    model, _ = tiny_model
+    params, ref, beta = list(model.parameters()), _perturbed_copy(model), 0.3
+    prompt, responses = _group()
+    divisors = T.loss_divisors(aggregation, [len(r) for r in responses], MAX_NEW)
+    for rewards in ([1.0, 0.0, 1.0, 0.0], [1.0] * 4):
+        adv = T.compute_advantages(torch.tensor(rewards), 1e-4)
+        terms = T.LossTerms(reference=ref, kl_coef=beta)
+        loss, _ = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), 1,
+                                               divisors, terms)
+        got = _flat([p.grad.clone() for p in params])
+        model.zero_grad(set_to_none=True)
+        by_hand, kl_sum = [], 0.0
+        for a, r, d in zip(adv, responses, divisors):
+            l, q = _token_lps(model, prompt, r), _token_lps(ref, prompt, r).detach()
+            k3 = torch.exp(q - l) - (q - l) - 1
+            kl_sum += k3.sum().item()
+            by_hand.append((-a * l.sum() + beta * k3.sum()) / d)
+        ref_loss = torch.stack(by_hand).sum()
+        ref_loss.backward()
+        want = _flat([p.grad for p in params])
+        assert loss == pytest.approx(ref_loss.item(), rel=1e-5, abs=1e-6)
+        assert (got - want).norm() <= 1e-5 * want.norm() and want.norm() > 0
+        assert T.pass_sums(terms)[0] == pytest.approx(kl_sum, rel=1e-5) and kl_sum > 0
+        model.zero_grad(set_to_none=True)
+
+
+def test_with_kl_the_first_step_is_the_spec_step_and_the_kl_column_shows_only_then(tmp_path):
+    """Step 1's weights are the reference's: k3 = 0 with a zero gradient, so its row and its update
+    are the spec's exactly; later steps differ (the KL pulls back) and the table shows a kl column."""
+    import default_run
+
+    spec = default_run.default_run(tmp_path / "spec", ["num_problems=1"])
+    kl = default_run.default_run(tmp_path / "kl", ["num_problems=1", "kl_coef=0.5"])
+    assert kl["table"][0].startswith(spec["table"][0] + "  ")  # the spec's cells, then kl 0
+    assert kl["table"][0].split()[-1] == "0.000e+00"
+    assert kl["weights"] == spec["weights"]
+    header = T.format_header(4, T.table_extras(1, 0.5))
+    assert header.endswith("update norm  kl         seconds") and "kl" not in T.format_header(4)
+    longer = default_run.default_run(tmp_path / "kl3", ["num_problems=3", "kl_coef=0.5"])
+    want = json.loads((ROOT / "tests" / "fixtures" / "default-run" / "expected.json").read_text())
+    assert longer["table"][0].startswith(want["table"][0])
+    assert not longer["table"][1].startswith(want["table"][1])  # step 2: the policy left the reference
+    kls = [json.loads(l)["kl"] for l in (tmp_path / "kl3" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert kls[0] == 0.0 and all(k > 0 for k in kls[1:])
+
+
+# ----------------------------------------------------------------------------------------------
+# ppo_epochs, clip_eps: the clipped ratio
+
+
+def test_clipped_objective_worked_numbers():
+    old = torch.zeros(3)
+    l = torch.log(torch.tensor([1.5, 0.5, 1.0])).requires_grad_(True)
+    obj, held = T.clipped_objective(torch.tensor(2.0), l, old, 0.2)
+    # A = 2: min(3.0, 2.4) + min(1.0, 1.6) + 2.0 = 5.4; the clip holds the first token (ratio > 1.2, A > 0)
+    assert obj.item() == pytest.approx(5.4, abs=1e-6) and held.item() == 1
+    obj.backward()
+    # d/dl of rho A = rho A where unclipped (1.0 and 2.0), 0 where the clip holds
+    assert l.grad.tolist() == pytest.approx([0.0, 1.0, 2.0], abs=1e-6)
+    obj, held = T.clipped_objective(torch.tensor(-1.0), l.detach(), old, 0.2)
+    # A = -1: min(-1.5, -1.2) + min(-0.5, -0.8) - 1 = -3.3; the clip holds the second (ratio < 0.8, A < 0)
+    assert obj.item() == pytest.approx(-3.3, abs=1e-6) and held.item() == 1
+
+
+def test_a_later_epoch_gives_the_hand_computed_clipped_loss_and_gradient(tiny_model):
+    model, _ = tiny_model
+    params = list(model.parameters())
+    prompt, responses = _group()
+    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), 1e-4)
+    divisors = T.loss_divisors("sequence_sum", [len(r) for r in responses], MAX_NEW)
+    old_model = _perturbed_copy(model, scale=0.02)  # the first pass's model, a step away
+    old = [_token_lps(old_model, prompt, r).detach() for r in responses]
+    terms = T.LossTerms(old=old, clip_eps=0.2)
+    loss, _ = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), 1, divisors,
+                                           terms)
+    got = _flat([p.grad.clone() for p in params])
+    model.zero_grad(set_to_none=True)
+    by_hand, held = [], 0
+    for a, r, o in zip(adv, responses, old):
+        rho = torch.exp(_token_lps(model, prompt, r) - o)
+        by_hand.append(-torch.minimum(rho * a, rho.clamp(0.8, 1.2) * a).sum() / 4)
+        held += int((((rho < 0.8) & (a < 0)) | ((rho > 1.2) & (a > 0))).sum())
+    ref = torch.stack(by_hand).sum()
+    ref.backward()
+    want = _flat([p.grad for p in params])
+    assert loss == pytest.approx(ref.item(), rel=1e-5, abs=1e-6)
+    assert (got - want).norm() <= 1e-5 * want.norm() and want.norm() > 0
+    assert T.pass_sums(terms)[1] == held and 0 < held < sum(len(r) for r in responses)  # some tokens clipped
+
+
+def test_ppo_epochs_takes_that_many_steps_per_group_the_first_being_the_spec_step(tmp_path):
+    import default_run
+
+    run = default_run.default_run(tmp_path, ["ppo_epochs=3", "clip_eps=0.1", "num_problems=2", "save_every=1"])
+    want = json.loads((ROOT / "tests" / "fixtures" / "default-run" / "expected.json").read_text())
+    rows = [r.split() for r in run["table"]]  # default_run drops each row's last cell (seconds; clipped)
+    assert len(rows) == 6 and rows[0][:8] == want["table"][0].split() and rows[0][8] == "1"  # the spec's step
+    assert [r[0] for r in rows] == ["1", "1", "1", "2", "2", "2"] and [r[4] for r in rows[1:3]] == ["2", "3"]
+    metrics = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [[e["epoch"] for e in m["epochs"]] for m in metrics] == [[1, 2, 3]] * 2
+    assert all(e["update_norm"] > 0 for m in metrics for e in m["epochs"])
+    assert max(e["clipped_fraction"] for m in metrics for e in m["epochs"]) > 0  # lr 1e-3 moves some past 10 %
+    optimizer = torch.load(tmp_path / "run" / "checkpoints" / "step-000002" / "optimizer.pt", weights_only=True)
+    assert {float(s["step"]) for s in optimizer["state"].values()} == {6.0}  # 3 AdamW steps per group
+
+
+# ----------------------------------------------------------------------------------------------
+# zero_variance: resample (DAPO's dynamic sampling)
+
+
+def test_run_candidates_leave_a_problem_for_every_step_to_come():
+    problems = [{"index": i} for i in range(10)]
+    cfg = T.Config(zero_variance="resample", resample_limit=3)
+    s = SimpleNamespace(problems=problems, steps=4, history=[])
+    assert [p["index"] for p in T.run_candidates(s, cfg)[0]] == [0, 1, 2] and T.run_candidates(s, cfg)[1] == 1
+    s.history = [{"problems_drawn": 3}, {"problems_drawn": 3}]  # 6 drawn, 2 steps to come: 3 spare, limit 3
+    assert [p["index"] for p in T.run_candidates(s, cfg)[0]] == [6, 7, 8] and T.run_candidates(s, cfg)[1] == 7
+    s.history.append({"problems_drawn": 3})  # 9 drawn, the last step: one left
+    assert [p["index"] for p in T.run_candidates(s, cfg)[0]] == [9]
+    s.history = [{"step": 1}]  # without resampling every step draws one: step 2's problem, draw 2
+    assert T.run_candidates(s, T.Config())[0] == [problems[1]] and T.run_candidates(s, T.Config())[1] == 2
+
+
+def _scores_by_problem(flat_golds):
+    """Rollout 0 right, except for the problems whose answer is in flat_golds: all wrong."""
+    def score(scorer, texts, gold):
+        return [(1.0 if i == 0 and gold not in flat_golds else 0.0, None, "wrong") for i in range(len(texts))]
+    return score
+
+
+def test_resample_sets_zero_variance_groups_aside_and_counts_optimizer_steps(tiny_model_dir, tiny_data_file,
+                                                                             tmp_path, capsys, monkeypatch):
+    """Problems 1, 2 and 5 (answers 2, 4 and 10) have equal rewards: step 2 sets 1 and 2 aside and
+    trains on problem 3, step 4 sets 5 aside and trains on 6: 4 optimizer steps, 7 problems drawn."""
+    monkeypatch.setattr(T, "score_rollouts", _scores_by_problem({"2", "4", "10"}))
+    out = tmp_path / "run"
+    args = ["--config", str(ROOT / "config.yaml"), f"model={tiny_model_dir}", f"dataset={tiny_data_file}",
+            "device=cpu", f"output_dir={out}", "group_size=4", "max_new_tokens=6", "num_problems=4",
+            "learning_rate=1e-3", "save_every=1", "keep_last=5", "zero_variance=resample", "resample_limit=3"]
+    assert T.main(args) == 0
+    stdout = capsys.readouterr().out
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    # step 1: problem 0; step 2: 1, 2 set aside, 3 trained; step 3: 4; step 4: 5 set aside, 6
+    assert [m["problem_index"] for m in metrics] == [0, 3, 4, 6]
+    assert [m["problems_drawn"] for m in metrics] == [1, 3, 1, 2]
+    assert [[g["problem_index"] for g in m["set_aside"]] for m in metrics] == [[], [1, 2], [], [5]]
+    assert all(m["reward_std"] > 0 for m in metrics)  # every optimizer step had a learning signal
+    rollouts = [json.loads(l) for l in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["problem_index"]) for r in rollouts if r.get("set_aside")] == \
+        [(2, 1)] * 4 + [(2, 2)] * 4 + [(4, 5)] * 4
+    assert len(rollouts) == 4 * 7
+    assert "2     0          0.000        0.000000" in stdout and "set aside (problem 1)" in stdout
+    assert "problems drawn          7 for 4 optimizer steps; 3 zero-variance groups set aside" in stdout
+    state = json.loads((out / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert state["next_record"] == 4  # the data position counts the problems drawn, not the steps
+    # 12 problems for num_problems 12 leave none to set aside: each step trains on the one it drew
+    out2 = tmp_path / "run2"
+    assert T.main([*args, "num_problems=12", f"output_dir={out2}", "save_every=0"]) == 0
+    capsys.readouterr()
+    metrics = [json.loads(l) for l in (out2 / "metrics.jsonl").read_text().splitlines()]
+    assert [m["problem_index"] for m in metrics] == list(range(12)) and [m["problems_drawn"] for m in metrics] == [1] * 12
+
+
+def test_every_new_variant_survives_resume_and_two_sharded_processes_is_covered_elsewhere(tiny_model_dir,
+                                                                                            tiny_data_file, tmp_path,
+                                                                                            capsys, monkeypatch):
+    """kl_coef (the reference reloaded), ppo_epochs, resample and token_report together: 2 steps,
+    then resumed to 4, give the uninterrupted 4-step run's weights, rollouts and token records."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(T, "score_rollouts", _scores_by_problem({"2", "4"}))
+    common = ["--config", str(ROOT / "config.yaml"), f"model={tiny_model_dir}", f"dataset={tiny_data_file}",
+              "device=cpu", "group_size=4", "max_new_tokens=6", "learning_rate=1e-3", "save_every=1",
+              "kl_coef=0.2", "ppo_epochs=2", "zero_variance=resample", "resample_limit=2", "token_report=true"]
+    assert T.main([*common, f"output_dir={tmp_path / 'straight'}", "num_problems=4"]) == 0
+    assert T.main([*common, f"output_dir={tmp_path / 'split'}", "num_problems=2"]) == 0
+    assert T.main([*common, f"output_dir={tmp_path / 'split'}", "num_problems=4", "resume=auto"]) == 0
+    capsys.readouterr()
+    a, b = load_file(tmp_path / "straight" / "final" / "model.safetensors"), \
+        load_file(tmp_path / "split" / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("rollouts.jsonl", "tokens.jsonl"):
+        assert (tmp_path / "straight" / name).read_text() == (tmp_path / "split" / name).read_text()
+    for changed in ("kl_coef=0.3", "ppo_epochs=3", "clip_eps=0.3", "zero_variance=step", "resample_limit=3",
+                    "token_report=false"):
+        assert T.main([*common, f"output_dir={tmp_path / 'split'}", "num_problems=5", "resume=auto", changed]) == 2
+        err = capsys.readouterr().err
+        assert "cannot resume" in err and changed.split("=")[0] in err
+
+
+# ----------------------------------------------------------------------------------------------
+# token_report
+
+
+def test_token_report_records_each_tokens_change_and_changes_nothing_else(tmp_path):
+    """tokens.jsonl: for the steps with reward variance, every response token's log-probability
+    before the step (its sum is rollouts.jsonl's sequence_log_prob) and after it (a forward of the
+    weights after the step); the table, rollouts and weights are the spec's run's."""
+    import default_run
+    from transformers import AutoModelForCausalLM
+
+    got = default_run.default_run(tmp_path, ["token_report=true"])
+    want = json.loads((ROOT / "tests" / "fixtures" / "default-run" / "expected.json").read_text())
+    assert got == want
+    out = tmp_path / "run"
+    records = [json.loads(l) for l in (out / "tokens.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in records}) == [1, 2, 4, 6]  # not the zero-variance steps 3 and 5
+    rollouts = {(r["step"], r["rollout"]): r for r in map(json.loads, (out / "rollouts.jsonl").read_text().splitlines())}
+    for r in records:
+        assert sum(r["before"]) == pytest.approx(rollouts[(r["step"], r["rollout"])]["sequence_log_prob"], rel=1e-6)
+        assert len(r["before"]) == len(r["after"]) == len(r["token_ids"]) == rollouts[(r["step"], r["rollout"])]["tokens"]
+    final = AutoModelForCausalLM.from_pretrained(out / "final", dtype=torch.float32).eval()
+    prompt = T.build_prompt(T.SPEC_PROMPT, "What is 5 + 5?")
+    from transformers import AutoTokenizer
+
+    ids = torch.tensor(AutoTokenizer.from_pretrained(out / "final").encode(prompt))
+    last = [r for r in records if r["step"] == 6]
+    with torch.no_grad():
+        after = T.token_log_probs(final, ids, torch.tensor(last[0]["token_ids"]), T.nullcontext())
+    assert after.tolist() == pytest.approx(last[0]["after"], abs=1e-5)
+    assert any(abs(a - b) > 1e-3 for a, b in zip(last[0]["after"], last[0]["before"]))
+    assert (out / "tokens.png").stat().st_size > 10_000
