@@ -3,6 +3,7 @@ variable RLVR_DRIVER (JSON). Nothing here is part of the product.
 
   fake_rewards: true    rollout 0 of every group scores 1, the rest 0, so every step trains (with
                         several processes, rollout 0 is rank 0's first)
+  flat_answers: [...]   with fake_rewards: the problems with these answers score 0 (zero variance)
   die_at: [rank, step]  that rank SIGKILLs itself as it starts generating for that step
   hang_at: [rank, step] that rank sleeps (for an hour) as it starts generating for that step
   flip_advantages: true the advantages' sign is negated: training pushes away from the reward
@@ -29,10 +30,17 @@ def first_rollout_wins(scorer, texts, gold):
     return [(1.0 if i == 0 and T.RANKS.rank == 0 else 0.0, None, "wrong") for i in range(len(texts))]
 
 
+def flat_for(answers):
+    """first_rollout_wins, except that the problems with these answers score 0 throughout (zero variance)."""
+    def score(scorer, texts, gold):
+        return [(0.0, None, "wrong") if gold in answers else s for s in first_rollout_wins(scorer, texts, gold)]
+    return score
+
+
 def main():
     opts = json.loads(os.environ.get("RLVR_DRIVER", "{}"))
     if opts.get("fake_rewards"):
-        T.score_rollouts = first_rollout_wins
+        T.score_rollouts = flat_for(set(opts.get("flat_answers", ())))
     real_streams = T.rollout_streams
 
     def streams(seed, step, rollouts, device):

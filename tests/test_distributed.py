@@ -234,3 +234,39 @@ def test_the_variants_give_the_one_process_run_on_two_sharded_processes(tiny_mod
     code, stdout, stderr, _ = _torchrun(_args(tiny_model_dir, tiny_data_file, out, "sharding=fsdp", *variants))
     assert code == 0, stderr[-3000:]
     _assert_same_run((one, one_stdout), out, stdout)
+
+
+@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
+def test_kl_ppo_resample_and_token_report_give_the_one_process_run_on_two_processes(
+        tiny_model_dir, tiny_data_file, tmp_path, monkeypatch, capsys, sharding):
+    """The reference is sharded like the model, the epochs' ratios and the KL are per rank's tokens
+    and summed, the groups set aside are the same on every rank (the rewards are gathered first)."""
+    variants = ["kl_coef=0.2", "ppo_epochs=2", "zero_variance=resample", "resample_limit=2", "token_report=true",
+                "eval_problems=0"]
+    one = tmp_path / "one"
+    monkeypatch.setattr(T, "score_rollouts", rlvr_driver.flat_for({"2"}))  # problem 1 is set aside
+    code = T.main(_args(tiny_model_dir, tiny_data_file, one, *variants))
+    capsys.readouterr()
+    monkeypatch.undo()
+    assert code == 0
+    out = tmp_path / "two"
+    code, stdout, stderr, _ = _torchrun(_args(tiny_model_dir, tiny_data_file, out, f"sharding={sharding}", *variants),
+                                        {"flat_answers": ["2"]})
+    assert code == 0, stderr[-3000:]
+    keys = ("step", "problem_index", "rollout", "response", "reward", "advantage", "tokens", "set_aside")
+    a, b = _jsonl(one / "rollouts.jsonl"), _jsonl(out / "rollouts.jsonl")
+    assert [tuple(r.get(k) for k in keys) for r in a] == [tuple(r.get(k) for k in keys) for r in b]
+    assert sum(bool(r.get("set_aside")) for r in a) == 4  # one group of 4
+    ma, mb = _jsonl(one / "metrics.jsonl"), _jsonl(out / "metrics.jsonl")
+    assert [m["problems_drawn"] for m in ma] == [m["problems_drawn"] for m in mb] == [1, 2, 1]
+    for x, y in zip(ma, mb):
+        assert len(x["epochs"]) == len(y["epochs"]) == 2
+        for ex, ey in zip(x["epochs"], y["epochs"]):
+            for key in ("policy_loss", "grad_norm", "update_norm", "kl", "clipped_fraction"):
+                assert abs(ex[key] - ey[key]) <= 1e-5 * max(1.0, abs(ex[key])), (key, ex[key], ey[key])
+    ta, tb = _jsonl(one / "tokens.jsonl"), _jsonl(out / "tokens.jsonl")
+    assert [(r["step"], r["rollout"], r["token_ids"]) for r in ta] == [(r["step"], r["rollout"], r["token_ids"])
+                                                                      for r in tb]
+    assert max(abs(u - v) for x, y in zip(ta, tb) for k in ("before", "after") for u, v in zip(x[k], y[k])) <= 1e-5
+    wa, wb = load_file(one / "final" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5

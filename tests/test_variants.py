@@ -388,10 +388,16 @@ def test_a_later_epoch_gives_the_hand_computed_clipped_loss_and_gradient(tiny_mo
     assert T.pass_sums(terms)[1] == held and 0 < held < sum(len(r) for r in responses)  # some tokens clipped
 
 
-def test_ppo_epochs_takes_that_many_steps_per_group_the_first_being_the_spec_step(tmp_path):
+def test_ppo_epochs_takes_that_many_steps_per_group_the_first_being_the_spec_step(tmp_path, monkeypatch):
+    """Every later epoch's ratio is against the first pass (its log-probs sum to rollouts.jsonl's
+    sequence_log_prob), not against the epoch before."""
     import default_run
 
+    olds, real = [], T.clipped_objective
+    monkeypatch.setattr(T, "clipped_objective", lambda a, l, old, eps: olds.append(old.sum().item()) or real(a, l, old, eps))
     run = default_run.default_run(tmp_path, ["ppo_epochs=3", "clip_eps=0.1", "num_problems=2", "save_every=1"])
+    first_pass = [json.loads(l)["sequence_log_prob"] for l in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert olds == pytest.approx([x for step in (first_pass[:4], first_pass[4:]) for x in step * 2], rel=1e-6)
     want = json.loads((ROOT / "tests" / "fixtures" / "default-run" / "expected.json").read_text())
     rows = [r.split() for r in run["table"]]  # default_run drops each row's last cell (seconds; clipped)
     assert len(rows) == 6 and rows[0][:8] == want["table"][0].split() and rows[0][8] == "1"  # the spec's step
