@@ -1880,8 +1880,9 @@ def token_figure(records: list[dict]):
         pos += len(piece)
         ends.append(pos)
     lo, hi = boxed_span("".join(rec["tokens"]))
-    inside = [c for c, e, piece in zip(change, ends, rec["tokens"]) if e > lo and e - len(piece) < hi and hi > lo]
-    outside = [c for c, e, piece in zip(change, ends, rec["tokens"]) if not (e > lo and e - len(piece) < hi and hi > lo)]
+    in_box = [e > lo and e - len(piece) < hi for e, piece in zip(ends, rec["tokens"])]  # overlaps the box
+    inside = [c for c, b in zip(change, in_box) if b]
+    outside = [c for c, b in zip(change, in_box) if not b]
     lines, x, y = [], 0, 0
     for piece, c in zip(rec["tokens"], change):
         shown = piece.replace("\n", "\u23ce") or "\u2205"

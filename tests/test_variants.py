@@ -394,9 +394,11 @@ def test_ppo_epochs_takes_that_many_steps_per_group_the_first_being_the_spec_ste
     import default_run
 
     olds, real = [], T.clipped_objective
-    monkeypatch.setattr(T, "clipped_objective", lambda a, l, old, eps: olds.append(old.sum().item()) or real(a, l, old, eps))
+    monkeypatch.setattr(T, "clipped_objective",
+                        lambda a, l, old, eps: olds.append(old.sum().item()) or real(a, l, old, eps))
     run = default_run.default_run(tmp_path, ["ppo_epochs=3", "clip_eps=0.1", "num_problems=2", "save_every=1"])
-    first_pass = [json.loads(l)["sequence_log_prob"] for l in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    first_pass = [json.loads(l)["sequence_log_prob"]
+                  for l in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
     assert olds == pytest.approx([x for step in (first_pass[:4], first_pass[4:]) for x in step * 2], rel=1e-6)
     want = json.loads((ROOT / "tests" / "fixtures" / "default-run" / "expected.json").read_text())
     rows = [r.split() for r in run["table"]]  # default_run drops each row's last cell (seconds; clipped)
@@ -464,7 +466,8 @@ def test_resample_sets_zero_variance_groups_aside_and_counts_optimizer_steps(tin
     assert T.main([*args, "num_problems=12", f"output_dir={out2}", "save_every=0"]) == 0
     capsys.readouterr()
     metrics = [json.loads(l) for l in (out2 / "metrics.jsonl").read_text().splitlines()]
-    assert [m["problem_index"] for m in metrics] == list(range(12)) and [m["problems_drawn"] for m in metrics] == [1] * 12
+    assert [m["problem_index"] for m in metrics] == list(range(12))
+    assert [m["problems_drawn"] for m in metrics] == [1] * 12
 
 
 def test_every_new_variant_survives_resume_and_two_sharded_processes_is_covered_elsewhere(tiny_model_dir,
@@ -511,10 +514,12 @@ def test_token_report_records_each_tokens_change_and_changes_nothing_else(tmp_pa
     out = tmp_path / "run"
     records = [json.loads(l) for l in (out / "tokens.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in records}) == [1, 2, 4, 6]  # not the zero-variance steps 3 and 5
-    rollouts = {(r["step"], r["rollout"]): r for r in map(json.loads, (out / "rollouts.jsonl").read_text().splitlines())}
+    rollouts = {(r["step"], r["rollout"]): r
+                for r in map(json.loads, (out / "rollouts.jsonl").read_text().splitlines())}
     for r in records:
         assert sum(r["before"]) == pytest.approx(rollouts[(r["step"], r["rollout"])]["sequence_log_prob"], rel=1e-6)
-        assert len(r["before"]) == len(r["after"]) == len(r["token_ids"]) == rollouts[(r["step"], r["rollout"])]["tokens"]
+        assert len(r["before"]) == len(r["after"]) == len(r["token_ids"]) == \
+            rollouts[(r["step"], r["rollout"])]["tokens"]
     final = AutoModelForCausalLM.from_pretrained(out / "final", dtype=torch.float32).eval()
     prompt = T.build_prompt(T.SPEC_PROMPT, "What is 5 + 5?")
     from transformers import AutoTokenizer
