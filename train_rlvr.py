@@ -1719,6 +1719,9 @@ def step_scalars(m: dict, history: list[dict]) -> dict[str, float]:
     }
     if m["update_norm"] is not None:  # a skipped step has none
         scalars["update_norm"] = m["update_norm"]
+    for key, name in (("kl", "kl"), ("clipped_fraction", "clip_ratio/region_mean"), ("problems_drawn", "problems_drawn")):
+        if key in m:  # kl_coef, ppo_epochs (the last epoch's: the first's is 0), zero_variance=resample
+            scalars[name] = m["epochs"][-1][key] if key == "clipped_fraction" else m[key]
     return scalars
 
 

@@ -531,3 +531,14 @@ def test_token_report_records_each_tokens_change_and_changes_nothing_else(tmp_pa
     assert after.tolist() == pytest.approx(last[0]["after"], abs=1e-5)
     assert any(abs(a - b) > 1e-3 for a, b in zip(last[0]["after"], last[0]["before"]))
     assert (out / "tokens.png").stat().st_size > 10_000
+
+
+def test_the_variants_figures_reach_the_trackers_under_trls_names():
+    m = dict(step=3, group_size=4, correct=1, reward_mean=0.25, reward_std=0.5, response_tokens=20, cut_at_limit=0,
+             no_answer=0, policy_loss=-0.5, grad_norm=2.0, update_norm=0.1, skipped=False, seconds=1.0,
+             timings={"generation": 0.5}, kl=0.003, clipped_fraction=0.0, problems_drawn=2,
+             epochs=[dict(epoch=1, clipped_fraction=0.0), dict(epoch=2, clipped_fraction=0.125)])
+    scalars = T.step_scalars(m, [m])
+    assert (scalars["kl"], scalars["clip_ratio/region_mean"], scalars["problems_drawn"]) == (0.003, 0.125, 2)
+    plain = {k: v for k, v in m.items() if k not in ("kl", "clipped_fraction", "problems_drawn", "epochs")}
+    assert not {"kl", "clip_ratio/region_mean", "problems_drawn"} & set(T.step_scalars(plain, [plain]))
