@@ -470,9 +470,8 @@ def test_resample_sets_zero_variance_groups_aside_and_counts_optimizer_steps(tin
     assert [m["problems_drawn"] for m in metrics] == [1] * 12
 
 
-def test_every_new_variant_survives_resume_and_two_sharded_processes_is_covered_elsewhere(tiny_model_dir,
-                                                                                            tiny_data_file, tmp_path,
-                                                                                            capsys, monkeypatch):
+def test_kl_ppo_resample_and_token_report_survive_resume_bit_for_bit(tiny_model_dir, tiny_data_file, tmp_path,
+                                                                      capsys, monkeypatch):
     """kl_coef (the reference reloaded), ppo_epochs, resample and token_report together: 2 steps,
     then resumed to 4, give the uninterrupted 4-step run's weights, rollouts and token records."""
     from safetensors.torch import load_file
