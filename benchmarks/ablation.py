@@ -64,7 +64,7 @@ def step_records(metrics: list[dict]) -> dict[int, dict]:
 
 def first_all_correct(metrics: list[dict], group: int = GROUP):
     """The first step whose group is group/group correct, or "never"."""
-    hits = [s for s, m in step_records(metrics).items() if m.get("correct") == group]
+    hits = [s for s, m in step_records(metrics).items() if m.get("correct") == m.get("group_size", group)]
     return min(hits) if hits else "never"
 
 
@@ -200,8 +200,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     entries = json.loads(json_path.read_text()) if json_path.exists() else []
-    for v in variants:
-        for s in seeds:
+    for s in seeds:  # seed-major: when time runs short, every variant has the same seeds
+        for v in variants:
             if any(e["variant"] == v and e["seed"] == s for e in entries):
                 if not a.force:
                     continue

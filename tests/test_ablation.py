@@ -50,3 +50,8 @@ def test_aggregate_means_over_seeds_and_keeps_failures_apart():
     text = ablation.table(rows)
     assert "| spec | 0,1,2 | 26/60 | 57.0/60; 60, 57, 54 | 9, 4, never | 5000 | 30.0 | 10.0 |" in text
     assert "| kl_coef=0.04 | - | failed: seed 0: exit 2: rlvr: unknown setting kl_coef" in text
+
+
+def test_all_correct_uses_the_records_group_size():
+    assert ablation.first_all_correct([rec(1, 4, 10, 1, group_size=4), rec(2, 8, 10, 1, group_size=16)]) == 1
+    assert ablation.first_all_correct([rec(1, 4, 10, 1, group_size=8), rec(2, 8, 10, 1, group_size=16)]) == "never"
