@@ -214,7 +214,7 @@ def main(argv=None) -> int:
             json_path.write_text(json.dumps(entries, indent=1) + "\n")
     print(f"\n`{shlex.join(['python', 'benchmarks/ablation.py', *(argv if argv is not None else sys.argv[1:])])}`, "
           f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}\n")
-    print(table(aggregate([e for e in entries if e["variant"] in variants], variants)))
+    print(table(aggregate([e for e in entries if e["variant"] in variants and e["seed"] in seeds], variants)))
     return 0
 
 
