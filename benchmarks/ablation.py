@@ -4,7 +4,8 @@ What it measures, per (variant, seed), from the run's own files:
   - held-out greedy accuracy after training, k/60 (eval_summary.json, phase "after", group "overall");
   - held-out before (the same for every run: a check that all runs start from the same model);
   - the first step whose group is all correct (8/8), or "never" (metrics.jsonl, the "step" field);
-  - generated tokens (sum of response_tokens over the steps), training seconds (sum of the steps'
+  - generated tokens (sum of response_tokens over the steps, with the groups set aside by
+    zero_variance=resample), problems drawn, training seconds (sum of the steps'
     seconds) and the process's wall seconds.
 Each variant is a list of key=value overrides of examples/demo.yaml (its lr 1e-3, everything else
 unchanged); `seed` is the config's seed (the rollouts' random streams); the demo model is one build.
@@ -82,7 +83,10 @@ def measure(metrics: list[dict], summary: dict, group: int = GROUP) -> dict:
     return {
         "before": overall(summary, "before"), "after": overall(summary, "after"),
         "first_all_correct": first_all_correct(metrics, group), "steps": len(steps),
-        "generated_tokens": sum(m["response_tokens"] for m in steps.values()),
+        # the groups zero_variance=resample set aside were generated too
+        "generated_tokens": sum(m["response_tokens"] + sum(g["response_tokens"] for g in m.get("set_aside", []))
+                                for m in steps.values()),
+        "problems_drawn": sum(m.get("problems_drawn", 1) for m in steps.values()),
         "train_seconds": round(sum(m["seconds"] for m in steps.values()), 2),
     }
 

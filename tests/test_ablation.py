@@ -21,7 +21,11 @@ def test_measure_counts_steps_by_their_step_field_and_finds_the_first_8_of_8():
     metrics = [rec(1, 2, 107, 1.5), rec(2, 7, 80, 2.0), rec(3, 8, 90, 0.5, epochs=[1, 2]), rec(4, 8, 80, 1.0)]
     m = ablation.measure(metrics, SUMMARY)
     assert m == {"before": [26, 60], "after": [57, 60], "first_all_correct": 3, "steps": 4,
-                 "generated_tokens": 107 + 80 + 90 + 80, "train_seconds": 5.0}
+                 "generated_tokens": 107 + 80 + 90 + 80, "problems_drawn": 4, "train_seconds": 5.0}
+    # zero_variance=resample: the groups set aside count among the generated tokens and the problems drawn
+    metrics[1] = dict(metrics[1], problems_drawn=3, set_aside=[{"response_tokens": 64}, {"response_tokens": 70}])
+    m = ablation.measure(metrics, SUMMARY)
+    assert (m["generated_tokens"], m["problems_drawn"]) == (107 + 80 + 90 + 80 + 64 + 70, 6)
     # a step printed twice (e.g. one row per epoch) counts once: its last record
     m = ablation.measure([rec(1, 3, 100, 1.0), rec(1, 8, 60, 2.0), rec(2, 5, 40, 1.0)], SUMMARY)
     assert (m["first_all_correct"], m["steps"], m["generated_tokens"], m["train_seconds"]) == (1, 2, 100, 3.0)
