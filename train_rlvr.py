@@ -1187,7 +1187,8 @@ def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch
 
 def sequence_log_prob(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
     """sequence_log_prob_i = sum_t log p_theta(response_token_t | prompt, earlier_response_tokens).
-    A SUM over the response, never a mean over its length."""
+    A SUM over the response, never a mean over its length. The spec's definition for one response
+    (the tests pin it); accumulate_policy_gradient sums token_log_probs the same way, chunk by chunk."""
     return token_log_probs(model, prompt_ids, response_ids, amp).sum()
 
 
@@ -1241,18 +1242,18 @@ def response_loss(advantage: torch.Tensor, log_probs: torch.Tensor, divisor: int
       with kl_coef = beta > 0, plus       +beta sum_t k3_it                   (q_it: the reference's)"""
     terms.token_log_probs.append(log_probs.detach())
     if terms.old is None:
-        loss = -(advantage.detach() * log_probs.sum())
+        loss = policy_loss(advantage, log_probs.sum(), divisor)
     else:
         objective, held = clipped_objective(advantage, log_probs, terms.old[i], terms.clip_eps)
-        loss = -objective
+        loss = -objective / divisor
         terms.held.append(held)
     if terms.kl_coef:
         with torch.no_grad():
             ref = token_log_probs(terms.reference, prompt_ids, response, amp)
         k3 = kl_k3(ref, log_probs)
         terms.kl.append(k3.detach().sum())
-        loss = loss + terms.kl_coef * k3.sum()
-    return loss / divisor
+        loss = loss + terms.kl_coef * k3.sum() / divisor
+    return loss
 
 
 def loss_divisors(aggregation: str, lengths: list[int], max_new_tokens: int) -> list[int]:
@@ -1305,19 +1306,15 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
     for start in range(0, len(responses), size):
         check_stop()  # safe point for SIGINT/SIGTERM: the weights are untouched until the optimizer step
         chunk = responses[start:start + size]
-        if terms is not None:
-            lps = ([token_log_probs(model, prompt_ids, chunk[0], amp)] if len(chunk) == 1
-                   else batch_token_log_probs(model, prompt_ids, chunk, amp))
-            seq_lps = [lp.sum() for lp in lps]
-            losses = [response_loss(advantages[start + j], lp, divisors[start + j], prompt_ids, chunk[j], amp, terms,
-                                    start + j) for j, lp in enumerate(lps)]
-        elif len(chunk) == 1:
-            seq_lps = [sequence_log_prob(model, prompt_ids, chunk[0], amp)]
-        else:
-            seq_lps = [lp.sum() for lp in batch_token_log_probs(model, prompt_ids, chunk, amp)]
-        if terms is None:
+        lps = ([token_log_probs(model, prompt_ids, chunk[0], amp)] if len(chunk) == 1
+               else batch_token_log_probs(model, prompt_ids, chunk, amp))
+        seq_lps = [lp.sum() for lp in lps]  # sequence_log_prob_i: a SUM over the response
+        if terms is None:  # the spec's
             losses = [policy_loss(a, s, d) for a, s, d in zip(advantages[start:start + size], seq_lps,
                                                               divisors[start:start + size])]
+        else:
+            losses = [response_loss(advantages[start + j], lp, divisors[start + j], prompt_ids, chunk[j], amp, terms,
+                                    start + j) for j, lp in enumerate(lps)]
         (losses[0] if len(losses) == 1 else torch.stack(losses).sum()).backward()
         losses_done += [loss.detach() for loss in losses]
         seq_lps_done += [seq_lp.detach() for seq_lp in seq_lps]
@@ -1719,9 +1716,12 @@ def step_scalars(m: dict, history: list[dict]) -> dict[str, float]:
     }
     if m["update_norm"] is not None:  # a skipped step has none
         scalars["update_norm"] = m["update_norm"]
-    for key, name in (("kl", "kl"), ("clipped_fraction", "clip_ratio/region_mean"), ("problems_drawn", "problems_drawn")):
-        if key in m:  # kl_coef, ppo_epochs (the last epoch's: the first's is 0), zero_variance=resample
-            scalars[name] = m["epochs"][-1][key] if key == "clipped_fraction" else m[key]
+    if "kl" in m:  # kl_coef
+        scalars["kl"] = m["kl"]
+    if "epochs" in m:  # ppo_epochs > 1: the last epoch's (the first's is always 0)
+        scalars["clip_ratio/region_mean"] = m["epochs"][-1]["clipped_fraction"]
+    if "problems_drawn" in m:  # zero_variance=resample
+        scalars["problems_drawn"] = m["problems_drawn"]
     return scalars
 
 
