@@ -1187,8 +1187,7 @@ def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch
 
 def sequence_log_prob(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
     """sequence_log_prob_i = sum_t log p_theta(response_token_t | prompt, earlier_response_tokens).
-    A SUM over the response, never a mean over its length. The spec's definition for one response
-    (the tests pin it); accumulate_policy_gradient sums token_log_probs the same way, chunk by chunk."""
+    A SUM over the response, never a mean over its length."""
     return token_log_probs(model, prompt_ids, response_ids, amp).sum()
 
 
@@ -1306,10 +1305,13 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
     for start in range(0, len(responses), size):
         check_stop()  # safe point for SIGINT/SIGTERM: the weights are untouched until the optimizer step
         chunk = responses[start:start + size]
-        lps = ([token_log_probs(model, prompt_ids, chunk[0], amp)] if len(chunk) == 1
-               else batch_token_log_probs(model, prompt_ids, chunk, amp))
-        seq_lps = [lp.sum() for lp in lps]  # sequence_log_prob_i: a SUM over the response
-        if terms is None:  # the spec's
+        if terms is None and len(chunk) == 1:  # the spec's: one response at a time
+            seq_lps = [sequence_log_prob(model, prompt_ids, chunk[0], amp)]
+        else:  # a variant needs the token log-probs; several responses come as one batch
+            lps = ([token_log_probs(model, prompt_ids, chunk[0], amp)] if len(chunk) == 1
+                   else batch_token_log_probs(model, prompt_ids, chunk, amp))
+            seq_lps = [lp.sum() for lp in lps]
+        if terms is None:
             losses = [policy_loss(a, s, d) for a, s, d in zip(advantages[start:start + size], seq_lps,
                                                               divisors[start:start + size])]
         else:
