@@ -24,6 +24,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -235,12 +236,17 @@ def load_config(argv: list[str] | None = None) -> Config | Path:
     """YAML file, then key=value overrides from the command line; every value typed and checked.
     --plot FOLDER: that folder instead."""
     parser = argparse.ArgumentParser(description="RLVR training: one AdamW step per problem.")
-    parser.add_argument("--config", default="config.yaml", help="YAML file of settings (default: config.yaml)")
+    parser.add_argument("--config", help="YAML file of settings (default: config.yaml)")
     parser.add_argument("--plot", metavar="FOLDER", help="draw FOLDER/run.png from a run's logs, and stop")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting of the YAML")
     args = parser.parse_args(argv)
-    if args.plot:  # main draws it
+    if args.plot:  # main draws it, from the logs alone: a setting would be silently ignored
+        extra = args.overrides + ([f"--config {args.config}"] if args.config else [])
+        if extra:
+            raise UserError(f"--plot draws a finished run's pictures from its logs and takes no settings (got "
+                            f"{extra[0]}); run: python train_rlvr.py --plot {args.plot}")
         return Path(args.plot)
+    args.config = args.config or "config.yaml"
 
     values: dict = {}
     path = Path(args.config)
@@ -317,43 +323,156 @@ def data_builder(source: str) -> str | None:
     return next((b for suffix, b in DATA_SUFFIXES.items() if name.endswith(suffix)), None)
 
 
-def check_data_file(path: Path, what: str) -> None:
-    """Find what makes a local file unreadable before datasets does, to name it: an empty file,
-    bytes that are not UTF-8, the first JSON line that does not parse (JSONL) or the error's line."""
-    import gzip
+MAX_RECORD_BYTES = 4 << 20  # one record of a data file: a problem of 4 MiB fits no model's context anyway
+READ_CHUNK = 1 << 16
 
+
+def check_data_path(path: Path, what: str) -> None:
     if path.is_dir():
         raise UserError(f"{what} {path} is a folder; set it to a .json/.jsonl/.json.gz/.jsonl.gz/.parquet file")
     if path.stat().st_size == 0:
         raise UserError(f"{what} file {path} is empty; point it at a file of records")
-    if data_builder(str(path)) != "json":
-        return
+
+
+def read_json_records(path: Path, what: str, stop: int) -> list[dict]:
+    """The first `stop` records of a local .json/.jsonl(.gz) file, read only as far as they go and
+    one record at most MAX_RECORD_BYTES long, so a huge file (or one huge line) costs neither time
+    nor memory: a JSON array of records, JSON Lines (one record a line), or one object (a record,
+    as datasets reads it). Damage is one line naming the file and the place: bytes that are not
+    UTF-8, a line or element that does not parse, a record over the limit."""
+    import gzip
+
+    check_data_path(path, what)
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.name.lower().endswith(".gz") else path.read_bytes()
-    except (OSError, EOFError) as e:
-        raise UserError(f"{what} file {path} is not a readable gzip file ({e}); re-download or unpack it")
+        with (gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")) as f:
+            first = b""
+            while not first.strip() and (chunk := f.read(READ_CHUNK)):
+                first = chunk.lstrip()[:1]
+            if not first:
+                raise UserError(f"{what} file {path} holds no records; point it at a file of records")
+            f.seek(0)
+            if first == b"[":
+                return json_array_records(f, path, what, stop)
+            return json_lines_records(f, path, what, stop)
+    except (OSError, EOFError) as e:  # a damaged gzip stream (BadGzipFile is an OSError)
+        raise UserError(f"{what} file {path} is not a readable {'gzip ' if path.suffix == '.gz' else ''}file ({e}); "
+                        "re-download or unpack it") from None
+
+
+def _utf8(raw: bytes, path: Path, what: str, line: int) -> str:
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
+        line += raw.count(b"\n", 0, e.start)
         raise UserError(f"{what} file {path} is not UTF-8 text (byte {raw[e.start]:#04x} on line {line}); "
-                        "save it as UTF-8")
-    if not text.strip():
-        raise UserError(f"{what} file {path} holds no records; point it at a file of records")
-    if path.name.lower().removesuffix(".gz").endswith(".json") and text.lstrip()[:1] in "[{":
+                        "save it as UTF-8") from None
+
+
+def _too_long(path: Path, what: str, where: str) -> UserError:
+    return UserError(f"{what} file {path}: {where} is over {MAX_RECORD_BYTES >> 20} MiB, the most one record may "
+                     "take; write one problem with its answer per record (JSON Lines: one record a line)")
+
+
+def json_lines_records(f, path: Path, what: str, stop: int) -> list[dict]:
+    records, number = [], 0
+    while len(records) < stop and (line := f.readline(MAX_RECORD_BYTES + 1)):
+        number += 1
+        if len(line) > MAX_RECORD_BYTES:
+            raise _too_long(path, what, f"line {number}")
+        if not line.strip():
+            continue
+        text = _utf8(line, path, what, number)
         try:
-            json.loads(text)
-            return
+            record = json.loads(text)
         except json.JSONDecodeError as e:
-            if text.lstrip()[:1] == "[":
-                raise UserError(f"{what} file {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}")
-    for number, line in enumerate(text.splitlines(), 1):  # JSON Lines: one record per line
-        if line.strip():
+            if number == 1 and text.lstrip()[:1] == "{":  # one object over several lines: one record
+                return [json_document(text + _utf8(f.read(MAX_RECORD_BYTES), path, what, 2), path, what)]
+            raise UserError(f"{what} file {path} line {number} is not a JSON record ({e.msg}, column {e.colno}); "
+                            "fix or remove that line") from None
+        records.append(_record(record, path, what, f"line {number}"))
+    return records
+
+
+def json_document(text: str, path: Path, what: str) -> dict:
+    if len(text.encode()) > MAX_RECORD_BYTES:
+        raise _too_long(path, what, "its one JSON object")
+    try:
+        return _record(json.loads(text), path, what, "its JSON object")
+    except json.JSONDecodeError as e:
+        raise UserError(f"{what} file {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+
+
+def json_array_records(f, path: Path, what: str, stop: int) -> list[dict]:
+    """The elements of a JSON array, decoded one at a time from a window of the file."""
+    import codecs
+
+    decoder, utf8, records = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8")(), []
+    text, pos, lines_before, eof = "", 0, 0, False  # lines_before: newlines in the text dropped so far
+
+    def more() -> bool:
+        nonlocal text, pos, lines_before, eof
+        if eof:
+            return False
+        chunk = f.read(READ_CHUNK)
+        if not chunk:
+            eof = True
+        lines_before += text.count("\n", 0, pos)
+        try:  # incremental: a character split between two chunks is whole in the next
+            new = utf8.decode(chunk, final=not chunk)
+        except UnicodeDecodeError as e:
+            line = lines_before + text.count("\n", pos) + chunk.count(b"\n", 0, e.start) + 1
+            raise UserError(f"{what} file {path} is not UTF-8 text (byte {chunk[e.start]:#04x} on line {line}); "
+                            "save it as UTF-8") from None
+        text, pos = text[pos:] + new, 0
+        return bool(chunk)
+
+    def skip_space() -> str:
+        nonlocal pos
+        while True:
+            while pos < len(text) and text[pos].isspace():
+                pos += 1
+            if pos < len(text) or not more():
+                return text[pos:pos + 1]
+
+    def fail(message: str, at: int):
+        line = lines_before + text.count("\n", 0, at) + 1
+        column = at - text.rfind("\n", 0, at)
+        raise UserError(f"{what} file {path} is not valid JSON: {message} at line {line}, column {column}")
+
+    more()
+    pos = text.index("[") + 1
+    if skip_space() == "]":
+        return records
+    while len(records) < stop:
+        skip_space()
+        while True:
             try:
-                json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{what} file {path} line {number} is not a JSON record ({e.msg}, column {e.colno}); "
-                                "fix or remove that line")
+                value, end = decoder.raw_decode(text, pos)
+                break
+            except json.JSONDecodeError as e:  # incomplete in this window, or invalid: read on to tell
+                if len(text) - pos > MAX_RECORD_BYTES:
+                    raise _too_long(path, what, f"record {len(records)}") from None
+                if eof:
+                    fail(e.msg, e.pos)
+                more()
+        if end - pos > MAX_RECORD_BYTES:
+            raise _too_long(path, what, f"record {len(records)}")
+        records.append(_record(value, path, what, f"record {len(records)}"))
+        pos = end
+        sep = skip_space()
+        if sep == "]":
+            break
+        if sep != ",":
+            fail("Expecting ',' delimiter" if sep else "Expecting ']'", pos)
+        pos += 1
+    return records
+
+
+def _record(value, path: Path, what: str, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise UserError(f"{what} file {path}: {where} is a JSON {type(value).__name__}, not an object of fields; "
+                        "each record must be {\"problem\": ..., \"answer\": ...}")
+    return value
 
 
 def network_problem(source: str) -> str | None:
@@ -409,8 +528,8 @@ def local_copy_hint(what: str) -> str:
 
 
 def open_dataset(source: str, split: str, what: str = "dataset"):
-    """A datasets.Dataset from a hub name, a URL or a local .json/.jsonl(.gz)/.parquet file;
-    every failure a one-line UserError naming the source and the fix."""
+    """A datasets.Dataset from a hub name, a URL or a local .parquet file; every failure a one-line
+    UserError naming the source and the fix. (Local JSON files: read_json_records.)"""
     import datasets
 
     datasets.disable_progress_bars()
@@ -420,7 +539,7 @@ def open_dataset(source: str, split: str, what: str = "dataset"):
     if not is_url and local.exists():
         if builder is None and not local.is_dir():
             raise UserError(f"{what} file {source} is not a .json/.jsonl/.json.gz/.jsonl.gz/.parquet file")
-        check_data_file(local, what)
+        check_data_path(local, what)
     elif builder and not is_url:
         raise UserError(f"{what} file {source} not found; set {what}: to an existing file, a URL or a hub name")
     elif not is_url and missing_local_path(source):
@@ -450,16 +569,21 @@ def load_records(source: str, split: str, fields: dict[str, str], start: int, co
     local .json/.jsonl(.gz)/.parquet file; `fields` maps setting -> field name that every record must
     have; `setting` and `count_keys` name the settings in the error messages. up_to > count: as many
     records beyond those as the data set has, up to that many in all."""
-    ds = open_dataset(source, split, setting)
-    for key, field in fields.items():
-        if field not in ds.column_names:
-            raise UserError(f"{setting} has no field '{field}' (set {key}); "
-                            f"its fields are: {', '.join(ds.column_names)}")
     end = start + count
-    if len(ds) < end:
-        raise UserError(f"{setting} has {len(ds)} records but {' + '.join(count_keys)} = {end}; "
+    if data_builder(source) == "json" and Path(source).is_file():  # read only as far as the run needs
+        rows = read_json_records(Path(source), setting, max(end, start + up_to))
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        rows = [{k: r.get(k) for k in names} for r in rows]  # every field in every record, as datasets gives them
+    else:
+        rows = open_dataset(source, split, setting)
+        names = rows.column_names
+    for key, field in fields.items():
+        if field not in names:
+            raise UserError(f"{setting} has no field '{field}' (set {key}); its fields are: {', '.join(names)}")
+    if len(rows) < end:
+        raise UserError(f"{setting} has {len(rows)} records but {' + '.join(count_keys)} = {end}; "
                         f"lower {' or '.join(reversed(count_keys))}")
-    return [dict(ds[i], index=i) for i in range(start, max(end, min(start + up_to, len(ds))))]
+    return [dict(rows[i], index=i) for i in range(start, max(end, min(start + up_to, len(rows))))]
 
 
 def load_problems(cfg: Config) -> list[dict]:
@@ -1525,7 +1649,10 @@ def format_row(m: dict) -> str:
     return "\n".join(lines)
 
 
-def format_summary(metrics: list[dict], total_seconds: float) -> str:
+def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 1) -> str:
+    """The end of the table. total_seconds: this process's time from its first step (first_step, 1 unless
+    resumed) to its last, with the evaluations and checkpoints in between; the steps' own seconds add up
+    every step of the run, those done before a resume too."""
     n_rollouts = sum(m["group_size"] for m in metrics)
     n_correct = sum(m["correct"] for m in metrics)
     flat = sum(1 for m in metrics if m["reward_std"] == 0)
@@ -1549,14 +1676,23 @@ def format_summary(metrics: list[dict], total_seconds: float) -> str:
         f"weights changed         {len(moved)} steps{listed(moved)}",
         f"skipped (non-finite)    {len(skipped)} steps{listed(skipped)}",
         f"verifier overruns       {timeouts} rollouts scored 0 after a timeout or a crash",
-        f"total time              {sum(m['seconds'] for m in metrics):.1f} s in steps "
-        f"({total_seconds:.1f} s in this process); generation {gen_tokens} tokens "
+        f"total time              {total_time(metrics, total_seconds, first_step)}; generation {gen_tokens} tokens "
         f"at {gen_tokens / gen_seconds if gen_seconds else 0.0:.1f} tokens/s",
     ]
     if drawn:  # zero_variance=resample
         lines.insert(3, f"problems drawn          {sum(drawn)} for {len(metrics)} optimizer steps; "
                         f"{sum(drawn) - len(drawn)} zero-variance groups set aside")
     return "\n".join(lines)
+
+
+def total_time(metrics: list[dict], total_seconds: float, first_step: int) -> str:
+    steps = sum(m["seconds"] for m in metrics)
+    if first_step <= 1:
+        return f"{steps:.1f} s in the {len(metrics)} steps, {total_seconds:.1f} s with evaluation and checkpoints"
+    before = sum(m["seconds"] for m in metrics if m["step"] < first_step)
+    here = f"steps {first_step}-{metrics[-1]['step']}" if metrics[-1]["step"] >= first_step else "no step left"
+    return (f"{steps:.1f} s in the {len(metrics)} steps ({before:.1f} s of them before the resume); this process "
+            f"{total_seconds:.1f} s for {here} with evaluation and checkpoints")
 
 
 def progress(msg: str) -> None:
@@ -1572,6 +1708,25 @@ class _Unseen(io.TextIOBase):
 
     def write(self, text: str) -> int:
         return len(text)
+
+
+class _Plain(io.TextIOBase):
+    """stderr for a library that prints terminal colour codes, where stderr is a log file or a pipe:
+    the text without the codes."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(re.sub(r"\x1b\[[0-9;]*m", "", text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def plain_stderr():
+    return sys.stderr if sys.stderr.isatty() else _Plain(sys.stderr)
 
 
 def progress_bar(desc: str, total: int, done: int, unit: str) -> tqdm:
@@ -1686,7 +1841,7 @@ def open_trackio(cfg: Config, out: Path, resumed: Path | None) -> tuple[object, 
     name = name or f"{out.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
     project = os.environ.get("TRACKIO_PROJECT", "rlvr")
     held = SQLiteStorage.get_max_step_for_run(project, name) if resumed else None
-    with redirect_stdout(sys.stderr):  # trackio announces itself on stdout, which holds only the table
+    with redirect_stdout(plain_stderr()):  # trackio announces itself on stdout, which holds only the table
         run = trackio.init(project=project, name=name, resume="allow", config=dataclasses.asdict(cfg), embed=False,
                            auto_log_gpu=False, auto_log_cpu=False)
     return run, 0 if held is None else held + 1
@@ -1795,7 +1950,7 @@ def close_watch(w: Watch | None, out: Path) -> None:
 
         import trackio
 
-        with redirect_stdout(sys.stderr):  # trackio.finish, not the run's: else trackio's exit hook finishes it
+        with redirect_stdout(plain_stderr()):  # trackio.finish, not the run's: else trackio's exit hook finishes it
             trackio.finish()                # again and prints on stdout
     if process_rank() == 0:
         try:
@@ -1804,8 +1959,42 @@ def close_watch(w: Watch | None, out: Path) -> None:
             progress(f"could not draw {out / 'run.png'} ({type(e).__name__}: {str(e)[:160]})")
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+def read_jsonl(path: Path, keys: tuple[str, ...] = ()) -> list[dict]:
+    """The records of one of a run's own JSON Lines files ([] when there is none), each an object
+    with `keys`. A last line cut short (no newline after it: what a crash in the middle of a write
+    leaves) is left out with a note, as resume leaves it out; any other damage is one line naming
+    the file and the line."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    body, tail = (raw, b"") if raw.endswith(b"\n") else (raw[:raw.rfind(b"\n") + 1], raw[raw.rfind(b"\n") + 1:])
+    records = [parse_json_line(path, number, line, keys)
+               for number, line in enumerate(body.split(b"\n")[:-1], 1) if line.strip()]
+    if tail.strip():
+        number = body.count(b"\n") + 1
+        try:
+            records.append(parse_json_line(path, number, tail, keys))
+        except UserError:
+            progress(f"{path}: its last line ({number}) was cut short by an interrupted write; left out")
+    return records
+
+
+def parse_json_line(path: Path, number: int, line: bytes, keys: tuple[str, ...]) -> dict:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} line {number} is not UTF-8 text (byte {line[e.start]:#04x}): the file is damaged; "
+                        f"{JSONL_FIX}") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} line {number} is not a JSON record ({e.msg}, column {e.colno}): the file is "
+                        f"damaged; {JSONL_FIX}") from None
+    missing = [k for k in keys if k not in record] if isinstance(record, dict) else ["an object"]
+    if missing:
+        raise UserError(f"{path} line {number} is not a record rlvr writes (it lacks {missing[0]}); {JSONL_FIX}")
+    return record
+
+
+JSONL_FIX = "restore it from the newest checkpoint (checkpoints/step-*/ keep a copy of the logs) or delete that line"
 
 
 def run_figure(metrics: list[dict], eval_records: list[dict]):
@@ -1924,14 +2113,16 @@ def plot_run(out: Path, required: bool = False) -> Path | None:
         progress(f"no {out / 'run.png'}: the picture of the run needs matplotlib (pip install matplotlib, "
                  f"then python train_rlvr.py --plot {out})")
         return None
-    metrics = read_jsonl(out / "metrics.jsonl")
+    metrics = read_jsonl(out / "metrics.jsonl", ("step", "correct", "reward_std", "response_tokens", "grad_norm",
+                                                 "update_norm"))
     if not metrics:
         if required:
             raise UserError(f"--plot: {out} holds no metrics.jsonl with a step in it; pass a run's output_dir")
         return None
-    run_figure(metrics, read_jsonl(out / "eval.jsonl")).savefig(out / "run.png", dpi=100)
+    evals = read_jsonl(out / "eval.jsonl", ("step", "phase", "sample", "reward"))
+    run_figure(metrics, evals).savefig(out / "run.png", dpi=100)
     progress(f"wrote {out / 'run.png'}")
-    tokens = read_jsonl(out / "tokens.jsonl")
+    tokens = read_jsonl(out / "tokens.jsonl", ("step", "rollout", "reward", "tokens", "before", "after"))
     if tokens:  # token_report
         token_figure(tokens).savefig(out / "tokens.png", dpi=100)
         progress(f"wrote {out / 'tokens.png'}")
@@ -2206,8 +2397,8 @@ def read_eval_log(out: Path, steps_done: list[int] | None, last_step: int) -> li
     path = out / "eval.jsonl"
     if not steps_done or not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [dict(r, phase=eval_phase(r["step"], last_step)) for r in records if r["step"] in steps_done]
+    return [dict(r, phase=eval_phase(r["step"], last_step)) for r in read_jsonl(path, ("step",))
+            if r["step"] in steps_done]
 
 
 def eval_steps_done(records: list[dict], cfg: Config) -> list[int] | None:
@@ -2509,9 +2700,35 @@ def checkpoint_bytes(model, optimizer, out: Path) -> int:
             + sum((out / name).stat().st_size for name in LOG_FILES))
 
 
+def run_disk_need(cfg: Config, model, out: Path, done: int, steps: int) -> tuple[int, int]:
+    """What the checkpoints and final/ of the steps to come take on disk at the most, known before
+    step 1: a checkpoint is the weights (a tied tensor once), AdamW's two moments in the weights'
+    dtype and the logs; up to keep_last + 1 of them at once while one is written (the oldest goes
+    after); final/ the weights again. Checkpoints already in output_dir count as taken. Returns
+    that need and one checkpoint's size."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied tensor once; fsdp: whole
+    moments = sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    ckpt = weights + moments + sum((out / n).stat().st_size for n in LOG_FILES if (out / n).is_file())
+    writes = len({k for k in range(done + 1, steps + 1) if cfg.save_every and k % cfg.save_every == 0} | {steps})
+    held = len(list_checkpoints(out))
+    return max(0, min(cfg.keep_last + 1, held + writes) - held) * ckpt + weights, ckpt
+
+
+def check_disk(cfg: Config, model, out: Path, done: int, steps: int) -> None:
+    """Refuse before step 1 a run whose checkpoints cannot fit: else the steps before the first
+    checkpoint are trained, then lost (ten steps of GPU time with save_every: 10)."""
+    need, ckpt = run_disk_need(cfg, model, out, done, steps)
+    free = shutil.disk_usage(out).free
+    if free < need:
+        raise UserError(f"not enough space in output_dir {out}: this run's checkpoints ({human_bytes(ckpt)} each, "
+                        f"up to keep_last + 1 = {cfg.keep_last + 1} while one is written) and final/ need "
+                        f"{human_bytes(need)} and {human_bytes(free)} are free; free some space, lower keep_last, "
+                        "or choose another output_dir")
+
+
 def no_space_message(folder: Path, need: int) -> str:
     free = shutil.disk_usage(folder).free
-    return (f"no space left in {folder}: a checkpoint needs about {need / 1e9:.2f} GB and {free / 1e9:.2f} GB are "
+    return (f"no space left in {folder}: a checkpoint needs about {human_bytes(need)} and {human_bytes(free)} are "
             "free; free some space (the README lists what a run needs)")
 
 
@@ -2810,7 +3027,7 @@ class OutputDir:
     lock_fd: int
 
 
-def lock_output_dir(out: Path) -> tuple[int, bool]:
+def lock_output_dir(out: Path, cfg: Config | None = None) -> tuple[int, bool]:
     """An exclusive lock on output_dir, released by the OS when the process ends however it ends."""
     import fcntl
 
@@ -2823,7 +3040,7 @@ def lock_output_dir(out: Path) -> tuple[int, bool]:
         fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         undo_lock(out, None, made, made_lock)
-        raise UserError(no_room_message(out) if full_disk(e) else
+        raise UserError(no_room_message(out, cfg) if full_disk(e) else
                         f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -2832,14 +3049,24 @@ def lock_output_dir(out: Path) -> tuple[int, bool]:
         os.close(fd)
         raise UserError(f"output_dir {out} is in use by another run (pid {holder}); wait for it to finish or "
                         "choose another output_dir") from None
+    if not same_file(fd, out / LOCK_FILE):  # the run that held it removed it as we opened it: lock the new one
+        os.close(fd)
+        return lock_output_dir(out, cfg)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except OSError as e:  # a full disk (or quota) at the very start: nothing may stay behind
         undo_lock(out, fd, made, made_lock)
-        raise UserError(no_room_message(out) if full_disk(e) else
+        raise UserError(no_room_message(out, cfg) if full_disk(e) else
                         f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir") from None
     return fd, created
+
+
+def same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def full_disk(e: OSError) -> bool:
@@ -2848,10 +3075,27 @@ def full_disk(e: OSError) -> bool:
     return e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def no_room_message(out: Path) -> str:
-    return (f"no space left in output_dir {out} (not even for its lock file {LOCK_FILE}): a full run of "
-            "Qwen3-0.6B in float32 needs about 24 GB (checkpoints of 7.2 GB each, see the README); free some space "
-            "or choose another output_dir")
+def human_bytes(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
+def no_room_message(out: Path, cfg: Config | None) -> str:
+    return (f"no space left in output_dir {out} (not even for its lock file {LOCK_FILE}): {disk_need(cfg)}; free "
+            "some space or choose another output_dir")
+
+
+def disk_need(cfg: Config | None) -> str:
+    """What a run needs on disk, as far as it can be told before its model loads: from the size of a
+    local model's weight files; else per parameter (run_disk_need measures it once the model is loaded)."""
+    keep = (cfg.keep_last if cfg else Config.keep_last) + 1
+    folder = Path(cfg.model).expanduser() if cfg else None
+    files = [f for f in folder.iterdir() if f.suffix in (".safetensors", ".bin")] if folder and folder.is_dir() else []
+    if not files:
+        return (f"a run's checkpoints take 12 bytes a parameter in float32 (weights and AdamW's two moments), up to "
+                f"keep_last + 1 = {keep} of them at once, and final/ 4 more (Qwen3-0.6B: about 24 GB in all)")
+    weights = sum(f.stat().st_size for f in files)
+    return (f"a run of {cfg.model} needs about {human_bytes((3 * keep + 1) * weights)} (checkpoints of "
+            f"{human_bytes(3 * weights)}, keep_last + 1 = {keep} of them while one is written, and final/)")
 
 
 def undo_lock(out: Path, fd: int | None, made: list[Path], made_lock: bool) -> None:
@@ -2875,7 +3119,7 @@ def prepare_output_dir(cfg: Config) -> OutputDir:
     (overwrite=true), or start in a folder that holds none. Changes nothing yet: an existing run
     is never replaced silently, and never before everything the new run needs has loaded."""
     out = Path(cfg.output_dir)
-    fd, created = lock_output_dir(out)
+    fd, created = lock_output_dir(out, cfg)
     try:
         recover_checkpoint_rewrite(out / "checkpoints")  # restores our own folder; deletes nothing
         holds = held_run(out)
@@ -2940,9 +3184,9 @@ def release_output_dir(od: OutputDir) -> None:
     """Unlock; a folder this process made and left empty (the start failed) is removed again."""
     if od.lock_fd < 0:  # another rank's copy: rank 0 holds the folder
         return
+    (od.path / LOCK_FILE).unlink(missing_ok=True)  # while it is still locked: see lock_output_dir's same_file
     os.close(od.lock_fd)
-    if od.created and [p.name for p in od.path.iterdir()] == [LOCK_FILE]:
-        (od.path / LOCK_FILE).unlink()
+    if od.created and not any(od.path.iterdir()):
         od.path.rmdir()
 
 
@@ -3700,6 +3944,7 @@ class RunState:
     last_saved: int = 0
     step: int = 0  # the step being trained
     started: float = 0.0
+    first_step: int = 1  # the first step this process trains (a resumed run: after the checkpoint's)
     watch: Watch | None = None  # the step bar and the trackers, while the loop runs
 
 
@@ -3716,7 +3961,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
             say(format_header(cfg.group_size, table_extras(cfg.ppo_epochs, cfg.kl_coef)))
             for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
                 say(format_row(m))
-            s.started = time.perf_counter()
+            s.started, s.first_step = time.perf_counter(), len(s.history) + 1
             s.watch = open_watch(cfg, s.out, len(s.history), s.steps, od.resume_from)
             if evaluate_if_due(len(s.history), t, s) and s.history:  # the base model, or what a stopped run left
                 write_checkpoint(len(s.history), t, s)  # resumed: the checkpoint of this step now records it
@@ -3739,7 +3984,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
         progress(f"could not write {s.out / 'final'} ({e.strerror or e}); the checkpoint of step {len(s.history)} "
                  f"is complete: free some space, then {resume_command(argv)} writes final/")
         return 1
-    say(format_summary(s.history, time.perf_counter() - s.started))
+    say(format_summary(s.history, time.perf_counter() - s.started, s.first_step))
     if s.eval_log:
         say("\n" + format_eval_table(write_eval_files(s.out, s.eval_log, cfg)))
     return 0
@@ -3769,6 +4014,7 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
         s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
         s.last_saved = len(s.history)
         progress(f"resumed from {od.resume_from} after step {len(s.history)}")
+    on_rank0(check_disk, cfg, model, od.path, len(s.history), s.steps)
     return t, s
 
 

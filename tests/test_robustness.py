@@ -665,9 +665,11 @@ def test_a_full_disk_at_the_lock_is_one_line_and_leaves_nothing(tmp_path, capsys
     monkeypatch.setattr(os, "pwrite", no_space)
     assert T.main(_args(tiny_model_dir, tiny_data_file, out)) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: no space left in output_dir {out} (not even for its lock file .rlvr.lock): a full run of "
-                   "Qwen3-0.6B in float32 needs about 24 GB (checkpoints of 7.2 GB each, see the README); free some "
-                   "space or choose another output_dir"]
+    weights = (tiny_model_dir / "model.safetensors").stat().st_size  # the need of this run's model, not Qwen3's
+    assert err == [f"error: no space left in output_dir {out} (not even for its lock file .rlvr.lock): a run of "
+                   f"{tiny_model_dir} needs about {10 * weights / 1e6:.1f} MB (checkpoints of {3 * weights / 1e3:.1f} kB, "
+                   "keep_last + 1 = 3 of them while one is written, and final/); free some space or choose another "
+                   "output_dir"]
     assert out.exists() == exists and (not exists or list(out.iterdir()) == [])
     assert (tmp_path / "full").exists() == exists  # every folder this start made is taken back, none other
 

@@ -225,3 +225,4 @@ def test_the_trackers_leave_stdout_to_the_table(tiny_model_dir, tiny_data_file, 
     assert lines[0] == T.format_header(4) and lines[1].startswith("1 ") and lines[2] == ""
     assert lines[3].startswith("correct rollouts") and lines[-1].startswith("total time") and len(lines) == 10
     assert "Trackio" in proc.stderr
+    assert "\x1b[" not in proc.stderr  # trackio's terminal colours, left out of a stderr that is no terminal
