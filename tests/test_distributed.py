@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 import rlvr_driver
 import train_rlvr as T
 from conftest import ROOT
+from test_checkpoints import weights_apart
 
 DRIVER = ROOT / "tests" / "rlvr_driver.py"
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="this torch has no torch.distributed")
@@ -77,17 +78,25 @@ def _assert_same_run(one, many_out, many_stdout):
     a, b = _jsonl(out / "rollouts.jsonl"), _jsonl(many_out / "rollouts.jsonl")
     assert [(r["step"], r["rollout"], r["response"], r["reward"], r["advantage"], r["tokens"]) for r in a] == \
            [(r["step"], r["rollout"], r["response"], r["reward"], r["advantage"], r["tokens"]) for r in b]
-    assert all(_rel(x["sequence_log_prob"], y["sequence_log_prob"]) <= 1e-5 for x, y in zip(a, b))
+    # another summation order (the ranks' gradients summed by a collective): the bounds of tests/default_run.py
+    rho = 320 * 2.0 ** -24  # the tiny vocabulary's logsumexp, the longest float32 sum of a figure
+    assert all(_rel(x["sequence_log_prob"], y["sequence_log_prob"]) <= rho for x, y in zip(a, b))
     rows_a, rows_b = _rows(stdout), _rows(many_stdout)
     assert len(rows_a) == len(rows_b) == 3
     for x, y in zip(rows_a, rows_b):  # step, correct, mean, std, tokens equal; loss, grad norm, update norm close
         assert x[:5] == y[:5]
     ma, mb = _jsonl(out / "metrics.jsonl"), _jsonl(many_out / "metrics.jsonl")
     for x, y in zip(ma, mb):
-        for key in ("policy_loss", "grad_norm", "update_norm"):
-            assert _rel(x[key], y[key]) <= 1e-5, (key, x[key], y[key])
+        for key in ("grad_norm", "update_norm"):
+            assert _rel(x[key], y[key]) <= rho, (key, x[key], y[key])
+        # the loss against the size of its terms (every aggregation divides by G or more): the advantages
+        # sum to 0, so it is a difference of much larger numbers
+        terms = sum(abs(r["advantage"] * r["sequence_log_prob"]) for r in a
+                    if r["step"] == x["step"] and r["sequence_log_prob"] is not None) / x["group_size"]
+        assert abs(x["policy_loss"] - y["policy_loss"]) <= rho * terms, (x["policy_loss"], y["policy_loss"], terms)
     wa, wb = load_file(out / "final" / "model.safetensors"), load_file(many_out / "final" / "model.safetensors")
-    assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5
+    start = load_file(out / "checkpoints" / "step-000001" / "model.safetensors")
+    assert wa.keys() == wb.keys() and weights_apart(wb, wa, start) <= 1e-3
     assert _jsonl(out / "eval.jsonl") == _jsonl(many_out / "eval.jsonl")  # the evaluation, split over the ranks
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == \
            sorted(p.name for p in (many_out / "checkpoints").iterdir())
@@ -135,8 +144,8 @@ def test_one_process_checkpoint_of_the_previous_code_resumes_on_two_sharded_proc
     after, want = load_file(out / "final" / "model.safetensors"), load_file(FIXTURE / "step-000002-model.safetensors")
     after["lm_head.weight"] = after.get("lm_head.weight", after["model.embed_tokens.weight"])
     assert want.keys() <= after.keys()
-    assert max((after[k] - v).abs().max().item() for k, v in want.items()) <= 1e-6  # summation order only
     moved = load_file(ckpt / "model.safetensors")
+    assert weights_apart(after, want, moved) <= 1e-3  # summation order and another CPU's rounding only
     assert max((after[k] - moved[k]).abs().max().item() for k in moved) > 1e-4  # step 2 did move the weights
 
 

@@ -34,14 +34,28 @@ def build_tiny_tokenizer(folder: Path):
 def build_tiny_qwen3(folder: Path, vocab_size: int, seed: int = 0, **overrides):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    torch.manual_seed(seed)
     cfg = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
                tie_word_embeddings=True, eos_token_id=0, bos_token_id=0, pad_token_id=0)
     cfg.update(overrides)
     model = AutoModelForCausalLM.from_config(Qwen3Config(**cfg), dtype=torch.float32)
+    same_everywhere(model, seed)
     model.save_pretrained(folder)
     return model
+
+
+def same_everywhere(model, seed: int, std: float = 0.02) -> None:
+    """Random weights that every machine draws bit for bit alike: transformers' init (torch's
+    normal_) goes through vectorized log/cos kernels that round differently on another CPU
+    (ATEN_CPU_CAPABILITY=default vs avx2 give other tiny models). Integers from torch's mt19937,
+    each times one float32 constant (a correctly rounded product on every machine), spread as
+    transformers' N(0, std) is; norms stay 1."""
+    g = torch.Generator().manual_seed(seed)
+    scale = std * 3 ** 0.5 / 2 ** 15  # uniform on [-sqrt(3) std, sqrt(3) std]: standard deviation std
+    with torch.no_grad():
+        for p in model.parameters():  # a tied embedding once
+            if p.dim() >= 2:
+                p.copy_(torch.randint(-2 ** 15, 2 ** 15, p.shape, generator=g).float() * scale)
 
 
 def build_like(folder: Path, like: Path, layers: int = 2, hidden: int | None = None, seed: int = 0):
@@ -61,5 +75,6 @@ def build_like(folder: Path, like: Path, layers: int = 2, hidden: int | None = N
         values.update(hidden_size=hidden, intermediate_size=3 * hidden, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=hidden // 4)
     cfg = AutoConfig.for_model(values.pop("model_type"), **values)
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    same_everywhere(model, seed)
+    model.save_pretrained(folder)
