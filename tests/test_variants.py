@@ -324,6 +324,38 @@ def test_the_kl_term_gives_the_hand_computed_loss_and_gradient(tiny_model, aggre
         model.zero_grad(set_to_none=True)
 
 
+def _pass_trainer(model, reference=None, **settings):
+    """What backpropagate_group reads of a Trainer, for one process on the CPU."""
+    cfg = T.Config(group_size=4, max_new_tokens=MAX_NEW, device="cpu", **settings)
+    return SimpleNamespace(cfg=cfg, model=model, params=list(model.parameters()), device=torch.device("cpu"),
+                           precision="fp32", reference=reference)
+
+
+def test_the_kl_and_clipped_figures_are_means_over_the_groups_tokens(tiny_model):
+    """The kl column is the group's sum of k3 over all its tokens divided by the number of tokens
+    (sum_j L_j = 16 here), not by the number of responses (4); the clipped column likewise."""
+    model, _ = tiny_model
+    prompt, responses = _group()
+    lengths = [len(r) for r in responses]
+    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), 1e-4)
+    ref = _perturbed_copy(model)
+    with torch.no_grad():
+        k3 = [torch.exp(q - l) - (q - l) - 1 for q, l in
+              ((_token_lps(ref, prompt, r), _token_lps(model, prompt, r)) for r in responses)]
+    want = sum(k.sum().item() for k in k3) / 16
+    measured = T.backpropagate_group(1, prompt, responses, adv, lengths, _pass_trainer(model, ref, kl_coef=0.3))[2]
+    assert measured["kl"] == pytest.approx(want, rel=1e-5) and want > 0
+    model.zero_grad(set_to_none=True)
+    old_model = _perturbed_copy(model, scale=0.02)  # a first pass a step away: some ratios leave [0.8, 1.2]
+    with torch.no_grad():
+        old = [_token_lps(old_model, prompt, r) for r in responses]
+        rho = [torch.exp(_token_lps(model, prompt, r) - o) for r, o in zip(responses, old)]
+    held = sum(int((((p < 0.8) & (a < 0)) | ((p > 1.2) & (a > 0))).sum()) for p, a in zip(rho, adv))
+    measured = T.backpropagate_group(1, prompt, responses, adv, lengths, _pass_trainer(model, ppo_epochs=2), old)[2]
+    assert 0 < held < 16 and measured["clipped_fraction"] == held / 16
+    model.zero_grad(set_to_none=True)
+
+
 def test_with_kl_the_first_step_is_the_spec_step_and_the_kl_column_shows_only_then(tmp_path):
     """Step 1's weights are the reference's: k3 = 0 with a zero gradient, so its row and its update
     are the spec's exactly; later steps differ (the KL pulls back) and the table shows a kl column."""
