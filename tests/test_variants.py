@@ -25,6 +25,22 @@ def test_advantage_std_none_is_reward_minus_mean_and_group_is_the_spec():
     assert torch.equal(T.compute_advantages(r, 1e-4), T.compute_advantages(r, 1e-4, "group"))
 
 
+def test_advantage_std_none_reaches_the_runs_advantages_and_loss(tmp_path):
+    """The setting must reach the step, not only compute_advantages: the default run's step 1 scores
+    rollout 0 right (rewards 1, 0, 0, 0; mean 0.25), so none gives 0.75, -0.25, -0.25, -0.25 where
+    group would give 0.75 / (0.5 + 1e-4) = 1.4997..."""
+    import default_run
+
+    default_run.default_run(tmp_path, ["advantage_std=none", "num_problems=1"])
+    rollouts = [json.loads(l) for l in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in rollouts] == [1.0, 0.0, 0.0, 0.0]
+    assert [r["advantage"] for r in rollouts] == pytest.approx([0.75, -0.25, -0.25, -0.25], abs=1e-6)
+    # the spec's loss with these advantages: -(1/G) sum_i A_i log p_i
+    want = -sum(a * r["sequence_log_prob"] for a, r in zip([0.75, -0.25, -0.25, -0.25], rollouts)) / 4
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
+    assert metrics["policy_loss"] == pytest.approx(want, rel=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["group", "none"])
 def test_equal_rewards_that_float32_cannot_average_exactly_give_zero_advantages(mode):
     r = torch.full((8,), 0.1)  # 8 x 0.1 has a float32 mean that is not 0.1 exactly
