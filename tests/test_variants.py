@@ -460,6 +460,66 @@ def test_ppo_epochs_takes_that_many_steps_per_group_the_first_being_the_spec_ste
     assert {float(s["step"]) for s in optimizer["state"].values()} == {6.0}  # 3 AdamW steps per group
 
 
+@pytest.fixture(scope="module")
+def ppo_run_with_an_undone_epoch(tmp_path_factory):
+    """The default run's first 2 steps with ppo_epochs=3 and token_report, a checkpoint after each;
+    step 1's second epoch gets a NaN gradient, so optimizer_step undoes it (a non-finite norm).
+    Returns the run's folder and the calls of step_or_skip (one per epoch that ran), numbered."""
+    import default_run
+
+    folder, calls, real = tmp_path_factory.mktemp("ppo-undone"), [], T.step_or_skip
+
+    def poisoned(advantages, loss, t):
+        calls.append(len(calls) + 1)
+        if len(calls) == 2:
+            next(p for p in t.params if p.grad is not None).grad.view(-1)[0] = float("nan")
+        return real(advantages, loss, t)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(T, "step_or_skip", poisoned)
+        default_run.default_run(folder, ["ppo_epochs=3", "num_problems=2", "save_every=1", "token_report=true"])
+    return folder, calls
+
+
+def test_an_undone_epoch_ends_its_groups_epochs(ppo_run_with_an_undone_epoch):
+    """Step 1: epoch 1 steps, epoch 2 is undone and no epoch 3 follows; step 2 takes its 3 epochs.
+    AdamW counts 1 step after step 1 and 1 + 3 = 4 after step 2 (5 calls of step_or_skip)."""
+    folder, calls = ppo_run_with_an_undone_epoch
+    out = folder / "run"
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [[e["epoch"] for e in m["epochs"]] for m in metrics] == [[1, 2], [1, 2, 3]]
+    assert metrics[0]["epochs"][0]["update_norm"] > 0 and metrics[0]["epochs"][1]["update_norm"] is None
+    assert [m["skipped"] for m in metrics] == [True, False] and len(calls) == 5
+    for step, count in ((1, 1.0), (2, 4.0)):
+        optimizer = torch.load(out / "checkpoints" / f"step-{step:06d}" / "optimizer.pt", weights_only=True)
+        assert {float(s["step"]) for s in optimizer["state"].values()} == {count}
+
+
+def test_token_report_before_is_the_first_pass_after_the_last_epoch(ppo_run_with_an_undone_epoch):
+    """With ppo_epochs=3, step 2's "before" is its first pass, under the weights step 1 left (the
+    step-1 checkpoint), and "after" is under the weights after its third epoch (step 2's), each
+    recomputed here by a forward of the saved weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, _ = ppo_run_with_an_undone_epoch
+    out = folder / "run"
+    records = [json.loads(l) for l in (out / "tokens.jsonl").read_text().splitlines()]
+    step2 = [r for r in records if r["step"] == 2]
+    assert [r["rollout"] for r in step2] == [0, 1, 2, 3]
+    ids = torch.tensor(AutoTokenizer.from_pretrained(folder / "model").encode(
+        T.build_prompt(T.SPEC_PROMPT, "What is 1 + 1?")))  # step 2's problem
+    for name, key in (("step-000001", "before"), ("step-000002", "after")):
+        model = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=torch.float32).eval()
+        missing, unexpected = model.load_state_dict(load_file(out / "checkpoints" / name / "model.safetensors"),
+                                                    strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+        for r in step2:
+            with torch.no_grad():
+                want = T.token_log_probs(model, ids, torch.tensor(r["token_ids"]), T.nullcontext())
+            assert r[key] == pytest.approx(want.tolist(), abs=1e-5), (name, r["rollout"])
+    assert max(abs(a - b) for r in step2 for a, b in zip(r["after"], r["before"])) > 1e-3
+
+
 # ----------------------------------------------------------------------------------------------
 # zero_variance: resample (DAPO's dynamic sampling)
 
