@@ -547,8 +547,15 @@ def _scores_by_problem(flat_golds):
 def test_resample_sets_zero_variance_groups_aside_and_counts_optimizer_steps(tiny_model_dir, tiny_data_file,
                                                                              tmp_path, capsys, monkeypatch):
     """Problems 1, 2 and 5 (answers 2, 4 and 10) have equal rewards: step 2 sets 1 and 2 aside and
-    trains on problem 3, step 4 sets 5 aside and trains on 6: 4 optimizer steps, 7 problems drawn."""
+    trains on problem 3, step 4 sets 5 aside and trains on 6: 4 optimizer steps, 7 problems drawn.
+    Each draw samples from its own streams, keyed by the draw number (problem p is draw p + 1)."""
     monkeypatch.setattr(T, "score_rollouts", _scores_by_problem({"2", "4", "10"}))
+    keys, real_streams = [], T.rollout_streams
+
+    def streams(seed, draw, rollouts, device):
+        keys.append(draw)
+        return real_streams(seed, draw, rollouts, device)
+    monkeypatch.setattr(T, "rollout_streams", streams)
     out = tmp_path / "run"
     args = ["--config", str(ROOT / "config.yaml"), f"model={tiny_model_dir}", f"dataset={tiny_data_file}",
             "device=cpu", f"output_dir={out}", "group_size=4", "max_new_tokens=6", "num_problems=4",
@@ -560,6 +567,8 @@ def test_resample_sets_zero_variance_groups_aside_and_counts_optimizer_steps(tin
     assert [m["problem_index"] for m in metrics] == [0, 3, 4, 6]
     assert [m["problems_drawn"] for m in metrics] == [1, 3, 1, 2]
     assert [[g["problem_index"] for g in m["set_aside"]] for m in metrics] == [[], [1, 2], [], [5]]
+    # step 2 draws problems 1, 2, 3 (draws 2, 3, 4), step 3 problem 4 (draw 5), step 4 problems 5, 6
+    assert keys == [1, 2, 3, 4, 5, 6, 7]
     assert all(m["reward_std"] > 0 for m in metrics)  # every optimizer step had a learning signal
     rollouts = [json.loads(l) for l in (out / "rollouts.jsonl").read_text().splitlines()]
     assert [(r["step"], r["problem_index"]) for r in rollouts if r.get("set_aside")] == \
