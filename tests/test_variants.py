@@ -25,6 +25,22 @@ def test_advantage_std_none_is_reward_minus_mean_and_group_is_the_spec():
     assert torch.equal(T.compute_advantages(r, 1e-4), T.compute_advantages(r, 1e-4, "group"))
 
 
+def test_advantage_std_none_reaches_the_runs_advantages_and_loss(tmp_path):
+    """The setting must reach the step, not only compute_advantages: the default run's step 1 scores
+    rollout 0 right (rewards 1, 0, 0, 0; mean 0.25), so none gives 0.75, -0.25, -0.25, -0.25 where
+    group would give 0.75 / (0.5 + 1e-4) = 1.4997..."""
+    import default_run
+
+    default_run.default_run(tmp_path, ["advantage_std=none", "num_problems=1"])
+    rollouts = [json.loads(l) for l in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in rollouts] == [1.0, 0.0, 0.0, 0.0]
+    assert [r["advantage"] for r in rollouts] == pytest.approx([0.75, -0.25, -0.25, -0.25], abs=1e-6)
+    # the spec's loss with these advantages: -(1/G) sum_i A_i log p_i
+    want = -sum(a * r["sequence_log_prob"] for a, r in zip([0.75, -0.25, -0.25, -0.25], rollouts)) / 4
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
+    assert metrics["policy_loss"] == pytest.approx(want, rel=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["group", "none"])
 def test_equal_rewards_that_float32_cannot_average_exactly_give_zero_advantages(mode):
     r = torch.full((8,), 0.1)  # 8 x 0.1 has a float32 mean that is not 0.1 exactly
@@ -331,6 +347,38 @@ def test_the_kl_term_gives_the_hand_computed_loss_and_gradient(tiny_model, aggre
         model.zero_grad(set_to_none=True)
 
 
+def _pass_trainer(model, reference=None, **settings):
+    """What backpropagate_group reads of a Trainer, for one process on the CPU."""
+    cfg = T.Config(group_size=4, max_new_tokens=MAX_NEW, device="cpu", **settings)
+    return SimpleNamespace(cfg=cfg, model=model, params=list(model.parameters()), device=torch.device("cpu"),
+                           precision="fp32", reference=reference)
+
+
+def test_the_kl_and_clipped_figures_are_means_over_the_groups_tokens(tiny_model):
+    """The kl column is the group's sum of k3 over all its tokens divided by the number of tokens
+    (sum_j L_j = 16 here), not by the number of responses (4); the clipped column likewise."""
+    model, _ = tiny_model
+    prompt, responses = _group()
+    lengths = [len(r) for r in responses]
+    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), 1e-4)
+    ref = _perturbed_copy(model)
+    with torch.no_grad():
+        k3 = [torch.exp(q - l) - (q - l) - 1 for q, l in
+              ((_token_lps(ref, prompt, r), _token_lps(model, prompt, r)) for r in responses)]
+    want = sum(k.sum().item() for k in k3) / 16
+    measured = T.backpropagate_group(1, prompt, responses, adv, lengths, _pass_trainer(model, ref, kl_coef=0.3))[2]
+    assert measured["kl"] == pytest.approx(want, rel=1e-5) and want > 0
+    model.zero_grad(set_to_none=True)
+    old_model = _perturbed_copy(model, scale=0.02)  # a first pass a step away: some ratios leave [0.8, 1.2]
+    with torch.no_grad():
+        old = [_token_lps(old_model, prompt, r) for r in responses]
+        rho = [torch.exp(_token_lps(model, prompt, r) - o) for r, o in zip(responses, old)]
+    held = sum(int((((p < 0.8) & (a < 0)) | ((p > 1.2) & (a > 0))).sum()) for p, a in zip(rho, adv))
+    measured = T.backpropagate_group(1, prompt, responses, adv, lengths, _pass_trainer(model, ppo_epochs=2), old)[2]
+    assert 0 < held < 16 and measured["clipped_fraction"] == held / 16
+    model.zero_grad(set_to_none=True)
+
+
 def test_with_kl_the_first_step_is_the_spec_step_and_the_kl_column_shows_only_then(tmp_path):
     """Step 1's weights are the reference's: k3 = 0 with a zero gradient, so its row and its update
     are the spec's exactly; later steps differ (the KL pulls back) and the table shows a kl column."""
@@ -420,6 +468,66 @@ def test_ppo_epochs_takes_that_many_steps_per_group_the_first_being_the_spec_ste
     assert {float(s["step"]) for s in optimizer["state"].values()} == {6.0}  # 3 AdamW steps per group
 
 
+@pytest.fixture(scope="module")
+def ppo_run_with_an_undone_epoch(tmp_path_factory):
+    """The default run's first 2 steps with ppo_epochs=3 and token_report, a checkpoint after each;
+    step 1's second epoch gets a NaN gradient, so optimizer_step undoes it (a non-finite norm).
+    Returns the run's folder and the calls of step_or_skip (one per epoch that ran), numbered."""
+    import default_run
+
+    folder, calls, real = tmp_path_factory.mktemp("ppo-undone"), [], T.step_or_skip
+
+    def poisoned(advantages, loss, t):
+        calls.append(len(calls) + 1)
+        if len(calls) == 2:
+            next(p for p in t.params if p.grad is not None).grad.view(-1)[0] = float("nan")
+        return real(advantages, loss, t)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(T, "step_or_skip", poisoned)
+        default_run.default_run(folder, ["ppo_epochs=3", "num_problems=2", "save_every=1", "token_report=true"])
+    return folder, calls
+
+
+def test_an_undone_epoch_ends_its_groups_epochs(ppo_run_with_an_undone_epoch):
+    """Step 1: epoch 1 steps, epoch 2 is undone and no epoch 3 follows; step 2 takes its 3 epochs.
+    AdamW counts 1 step after step 1 and 1 + 3 = 4 after step 2 (5 calls of step_or_skip)."""
+    folder, calls = ppo_run_with_an_undone_epoch
+    out = folder / "run"
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [[e["epoch"] for e in m["epochs"]] for m in metrics] == [[1, 2], [1, 2, 3]]
+    assert metrics[0]["epochs"][0]["update_norm"] > 0 and metrics[0]["epochs"][1]["update_norm"] is None
+    assert [m["skipped"] for m in metrics] == [True, False] and len(calls) == 5
+    for step, count in ((1, 1.0), (2, 4.0)):
+        optimizer = torch.load(out / "checkpoints" / f"step-{step:06d}" / "optimizer.pt", weights_only=True)
+        assert {float(s["step"]) for s in optimizer["state"].values()} == {count}
+
+
+def test_token_report_before_is_the_first_pass_after_the_last_epoch(ppo_run_with_an_undone_epoch):
+    """With ppo_epochs=3, step 2's "before" is its first pass, under the weights step 1 left (the
+    step-1 checkpoint), and "after" is under the weights after its third epoch (step 2's), each
+    recomputed here by a forward of the saved weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, _ = ppo_run_with_an_undone_epoch
+    out = folder / "run"
+    records = [json.loads(l) for l in (out / "tokens.jsonl").read_text().splitlines()]
+    step2 = [r for r in records if r["step"] == 2]
+    assert [r["rollout"] for r in step2] == [0, 1, 2, 3]
+    ids = torch.tensor(AutoTokenizer.from_pretrained(folder / "model").encode(
+        T.build_prompt(T.SPEC_PROMPT, "What is 1 + 1?")))  # step 2's problem
+    for name, key in (("step-000001", "before"), ("step-000002", "after")):
+        model = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=torch.float32).eval()
+        missing, unexpected = model.load_state_dict(load_file(out / "checkpoints" / name / "model.safetensors"),
+                                                    strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+        for r in step2:
+            with torch.no_grad():
+                want = T.token_log_probs(model, ids, torch.tensor(r["token_ids"]), T.nullcontext())
+            assert r[key] == pytest.approx(want.tolist(), abs=1e-5), (name, r["rollout"])
+    assert max(abs(a - b) for r in step2 for a, b in zip(r["after"], r["before"])) > 1e-3
+
+
 # ----------------------------------------------------------------------------------------------
 # zero_variance: resample (DAPO's dynamic sampling)
 
@@ -447,8 +555,15 @@ def _scores_by_problem(flat_golds):
 def test_resample_sets_zero_variance_groups_aside_and_counts_optimizer_steps(tiny_model_dir, tiny_data_file,
                                                                              tmp_path, capsys, monkeypatch):
     """Problems 1, 2 and 5 (answers 2, 4 and 10) have equal rewards: step 2 sets 1 and 2 aside and
-    trains on problem 3, step 4 sets 5 aside and trains on 6: 4 optimizer steps, 7 problems drawn."""
+    trains on problem 3, step 4 sets 5 aside and trains on 6: 4 optimizer steps, 7 problems drawn.
+    Each draw samples from its own streams, keyed by the draw number (problem p is draw p + 1)."""
     monkeypatch.setattr(T, "score_rollouts", _scores_by_problem({"2", "4", "10"}))
+    keys, real_streams = [], T.rollout_streams
+
+    def streams(seed, draw, rollouts, device):
+        keys.append(draw)
+        return real_streams(seed, draw, rollouts, device)
+    monkeypatch.setattr(T, "rollout_streams", streams)
     out = tmp_path / "run"
     args = ["--config", str(ROOT / "config.yaml"), f"model={tiny_model_dir}", f"dataset={tiny_data_file}",
             "device=cpu", f"output_dir={out}", "group_size=4", "max_new_tokens=6", "num_problems=4",
@@ -460,6 +575,8 @@ def test_resample_sets_zero_variance_groups_aside_and_counts_optimizer_steps(tin
     assert [m["problem_index"] for m in metrics] == [0, 3, 4, 6]
     assert [m["problems_drawn"] for m in metrics] == [1, 3, 1, 2]
     assert [[g["problem_index"] for g in m["set_aside"]] for m in metrics] == [[], [1, 2], [], [5]]
+    # step 2 draws problems 1, 2, 3 (draws 2, 3, 4), step 3 problem 4 (draw 5), step 4 problems 5, 6
+    assert keys == [1, 2, 3, 4, 5, 6, 7]
     assert all(m["reward_std"] > 0 for m in metrics)  # every optimizer step had a learning signal
     rollouts = [json.loads(l) for l in (out / "rollouts.jsonl").read_text().splitlines()]
     assert [(r["step"], r["problem_index"]) for r in rollouts if r.get("set_aside")] == \

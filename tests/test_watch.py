@@ -78,6 +78,10 @@ def test_tensorboard_holds_metrics_jsonl_once_per_step_after_a_resume(watched):
     assert [v for _, v in events("completions/mean_length")] == pytest.approx(
         [m["response_tokens"] / 4 for m in metrics])
     assert [v for _, v in events("frac_reward_zero_std")] == [float(m["reward_std"] == 0) for m in metrics]
+    # TRL's clipped_ratio: the fraction of the step's rollouts cut at max_new_tokens, from rollouts.jsonl
+    cut = [sum(r["cut_at_limit"] for r in map(json.loads, (out / "rollouts.jsonl").read_text().splitlines())
+               if r["step"] == step) / 4 for step in (1, 2, 3)]
+    assert [v for _, v in events("completions/clipped_ratio")] == pytest.approx(cut) and 0 < max(cut) <= 1
     summary = json.loads((out / "eval_summary.json").read_text())
     for phase in summary["phases"].values():
         overall = next(g for g in phase["groups"] if g["kind"] == "overall")
@@ -88,6 +92,17 @@ def test_tensorboard_holds_metrics_jsonl_once_per_step_after_a_resume(watched):
     assert [step for step, _ in text] == [1, 2, 3]
     last = text[-1][1].decode()
     assert last.count("\n| ") == 4 and f"| 3 | {rollouts[-1]['reward']} |" in last
+
+
+def test_the_completion_ratios_are_fractions_of_the_group():
+    """TRL's completions/clipped_ratio and no_answer_ratio are fractions of the group (3 of 4 cut
+    at the limit: 0.75; 1 of 4 without an answer: 0.25), the mean length tokens per rollout."""
+    m = dict(step=2, group_size=4, correct=1, reward_mean=0.25, reward_std=0.5, response_tokens=22, cut_at_limit=3,
+             no_answer=1, policy_loss=-0.5, grad_norm=2.0, update_norm=0.1, skipped=False, seconds=1.0,
+             timings={"generation": 0.5})
+    scalars = T.step_scalars(m, [m])
+    assert (scalars["completions/clipped_ratio"], scalars["completions/no_answer_ratio"],
+            scalars["completions/mean_length"], scalars["tokens_per_second"]) == (0.75, 0.25, 5.5, 44.0)
 
 
 def _wandb_records(run_file):
