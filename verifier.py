@@ -55,9 +55,20 @@ Equivalence policy
     variable (subscripted too) or a figure name or length (``A:B = 1``, ``V_{1}:V_{2} = 11:21``,
     ``S_{MBCN}:S = 7:32``, ``PA:AB = 3:1``; the right side one value or a ratio of as many terms:
     ``A:B = 1:2:3`` refuses; ``2A:B``, ``ab:c`` are no names). A
-    single answer drops its label (``y = 5`` == ``5``) and so does a list compared with an
-    unlabelled one (``AB = 4, CD = 5`` == ``4, 5``); in lists, labels pair values with
-    quantities, so where both parts carry a label the labels must agree (``x = 1, y = 2`` !=
+    single answer drops its label (``y = 5`` == ``5``).
+    A list whose parts all carry distinct labels (``x = 5, y = 5``, ``AB = 4, CD = 5``, any of the
+    label kinds above, and an equation ``y_1 = 2x + 1`` whose left side is a lone variable) is one
+    labelled tuple of (label, value): it equals the same labels with equal values in any order
+    (``y = 5, x = 5``, ``(x, y) = (5, 5)``), or a written list or a tuple of as many values in the
+    reference's order (``5, 5``, ``(5, 5)``, ``3, y = 4`` for ``x = 3, y = 4``). It never equals
+    fewer parts (``5``, ``x = 5``), the values reordered (``4, 3`` != ``x = 3, y = 4``), a
+    duplicate dropped, a set ``\\{3, 4\\}`` or a ``\\pm``: a reward for part of a labelled answer
+    is what a policy learns to write. A labelled answer against an unlabelled reference list
+    drops its labels (``AB = 4, CD = 5`` == ``4, 5``, unordered like the list), never against one
+    value (``x = 5, y = 5`` != ``5``) or a tuple (``x = 1, y = 2`` != ``(1, 2)``); ``(x, y) =
+    (5, 5)`` is the tuple ``(5, 5)``, its labels counting against a labelled tuple. Where the labels repeat (``x = 1, x = 2``,
+    solutions of one variable) or a value is a list (``x = \\pm 2, y = 3``), the list is unordered
+    and where both parts carry a label the labels must agree (``x = 1, y = 2`` !=
     ``x = 2, y = 1``, ``AB = 4, CD = 5`` != ``AB = 5, CD = 4``). Two labels that name ratios must
     agree even alone, a reversed ratio being the usual slip: ``A:B = 2:3`` != ``B:A = 2:3``,
     ``\\frac{NO}{BO} = \\frac12`` != ``\\frac{BO}{NO} = \\frac12``. ``k = -\\frac{33}{2} = -16.5`` is
@@ -83,7 +94,8 @@ Equivalence policy
     a linear ``\\ne`` (``\\neq``, ``!=``, the sign): ``x \\ne 3`` ==
     ``(-\\infty,3)\\cup(3,\\infty)``, never ``3`` or ``x = 3``; ``x \\in S`` answers ``S``.
   * Comma (or semicolon) lists and ``\\{...\\}`` sets are unordered and must match exactly (no
-    subset, no superset; duplicates collapse; a one-element set equals its element):
+    subset, no superset; duplicates collapse; a one-element set equals its element; a list of
+    distinct labels is the labelled tuple above):
     ``2, 3, \\text{ and } 4`` is the list 2, 3, 4; ``a \\pm b`` is the list a+b, a-b (so
     ``\\pm 2`` is wrong for ``2``). A tuple is never equal to a set. A semicolon separates like a
     comma, at the top level and inside brackets (``1; 2`` == ``1, 2``, ``(1; 2)`` == ``(1, 2)``,
@@ -99,7 +111,10 @@ Equivalence policy
   * Text answers (``\\text{Evelyn}``, ``\\text{(C)}``) compare case-insensitively after
     unwrapping ``\\text``, spaces and a pair of parentheses: ``\\text{(C)}`` == ``C``.
   * Equations with variables (``y=2x+3``, ``5x-7y+11z+4=0``) compare as equations: same
-    variables and left-minus-right sides proportional by a non-zero constant.
+    variables and left-minus-right sides proportional by a non-zero constant. An equation whose
+    left side is a lone variable that its right side does not use names that expression, so it
+    answers the bare expression and the other way round (``y = x^2+2x+1`` == ``(x+1)^2``);
+    ``x = 2x + 3``, ``2y = 4x + 6`` or ``x^2+2x+1 = y`` against ``2x+3`` / ``x^2+2x+1`` stay wrong.
   * A reference answer that cannot be parsed falls back to exact equality of normalized strings
     (whitespace, ``$``, ``\\left``/``\\right`` and spacing removed); it never rewards anything else.
 
@@ -1903,15 +1918,36 @@ def _analyze(s):
             raise _Refuse
         c = _item(it)
         canons.append(c if label is None else ("lab", label, c))
+    return _combine(canons)
+
+
+def _part_label(c):
+    """The label of one part of a list, or None: x in x = 5 (any label naming one value), y in the
+    equation y = 2x + 3 (a lone variable that its right side does not use)."""
+    if c[0] == "lab" and c[2][0] != "uset":
+        return c[1]
+    if c[0] == "eq" and c[1][0] == "v" and c[1][1] not in _vars(c[2]):
+        return c[1][1]
+    return None
+
+
+def _combine(canons):
+    """The answer made of the parts of a top-level list. Parts that all carry distinct labels
+    (x = 5, y = 5) make a labelled tuple ('ltup', labels, parts): ordered, duplicates kept. Any
+    other list is unordered ('uset', parts, 'list'); the mark tells a written list from a set or a
+    \\pm, since only a written list (or a tuple) may answer a labelled tuple in its order."""
     if len(canons) == 1:
         return canons[0]
+    keys = [_part_label(c) for c in canons]
+    if None not in keys and len(set(keys)) == len(keys):
+        return ("ltup", tuple(keys), tuple(canons))
     flat = []
     for c in canons:
         if c[0] == "uset":
             flat.extend(c[1])
         else:
             flat.append(c)
-    return ("uset", tuple(flat))
+    return ("uset", tuple(flat), "list")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1982,8 +2018,48 @@ def _ratio_label(c):
     return isinstance(c[1], tuple)
 
 
+def _tuple_parts(c):
+    """(labels, parts) of a labelled tuple: x = 5, y = 5, or (x, y) = (5, 5); else None."""
+    if c[0] == "ltup":
+        return c[1], c[2]
+    if (c[0] == "lab" and isinstance(c[1], str) and c[1][:1] == "(" and c[2][0] == "seq"
+            and c[2][1:3] == ("(", ")")):
+        names = tuple(c[1][1:-1].split(","))
+        if len(names) == len(c[2][3]) and len(set(names)) == len(names):
+            return names, c[2][3]
+    return None
+
+
+def _same_ltup(a, b):
+    """A labelled tuple against another answer (a is the reference). Labels on both sides: the
+    same labels with equal values, in any order. A labelled reference against a written list or
+    a tuple: the same number of parts, in the reference's order (a part's own label, if any,
+    must agree), never fewer parts and never a duplicate dropped. A labelled answer against an
+    unlabelled reference list: that list's rule (unordered, where both carry labels they agree).
+    Anything else (one value, a set, \\pm, a labelled answer for a tuple) is not equal."""
+    ta, tb = _tuple_parts(a), _tuple_parts(b)
+    if ta is not None and tb is not None:
+        if len(ta[0]) != len(tb[0]) or set(ta[0]) != set(tb[0]):
+            return False
+        other = dict(zip(*tb))
+        return all(_same(x, other[k]) for k, x in zip(*ta))
+    if a[0] == "ltup":
+        if b[0] == "uset" and b[2:] == ("list",):
+            items = b[1]
+        elif b[0] == "seq" and b[1:3] == ("(", ")"):
+            items = b[3]
+        else:
+            return False
+        return len(items) == len(a[2]) and all(_same_part(x, y) for x, y in zip(a[2], items))
+    if a[0] == "uset":
+        return _match_unordered(_parts(a[1]), _parts(b[2]), _same_part)
+    return False
+
+
 def _same(a, b):
     ka, kb = a[0], b[0]
+    if ka == "ltup" or kb == "ltup":
+        return _same_ltup(a, b)
     # A label names the quantity: alone it is presentation (x = 5 == y = 5 == 5). In lists,
     # labels pair values with quantities: where both parts carry one, the labels must agree
     # (x = 1, y = 2 != x = 2, y = 1; AB = 4, CD = 5 == 4, 5). A greedy match under this rule
@@ -2029,6 +2105,13 @@ def _same(a, b):
         return _expr_equal(a[1], b[1])
     if ka == "eq" and kb == "eq":
         return _eq_equal(a, b)
+    if {ka, kb} == {"eq", "expr"}:
+        # y = x^2 + 2x + 1 answers x^2 + 2x + 1 (either way round): a lone variable on the left
+        # that the right side does not use names the expression; x = 2x + 3 stays an equation
+        e, x = (a, b) if ka == "eq" else (b, a)
+        if e[1][0] == "v" and e[1][1] not in _vars(e[2]):
+            return _expr_equal(e[2], x[1])
+        return False
     if ka == "based" and kb == "based":
         return a[1] == b[1] and a[2] == b[2]
     if ka == "text" and kb == "text":

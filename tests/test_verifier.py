@@ -196,7 +196,7 @@ CATEGORIES = {
          ("f(x)=x^2+1", "x^2+1"), ("p(x) = x^3+3x-6", "x^3+3x-6"), ("(p,q)=(3,2)", "(3,2)"),
          ("x_1 = 4", "4"), ("\\alpha = 2", "2")],
         [("5=3", "3"), ("5=3", "5"), ("x=5=3", "5"), ("x=5=3", "3"), ("x=6", "5"),
-         ("3=3=4", "4"), ("y=2x+3", "2x+3"), ("a+3z=0", "0"), ("2x+z=1", "1"), ("x=", "5"),
+         ("3=3=4", "4"), ("a+3z=0", "0"), ("2x+z=1", "1"), ("x=", "5"),
          ("=5", "5")],
     ),
     "tuples": (
@@ -266,11 +266,22 @@ CATEGORIES = {
         [("\\text{Navin}", "\\text{Evelyn}"), ("D", "\\text{(C)}"), ("d", "\\text{E}"),
          ("\\text{odd}", "\\text{even}"), ("5", "\\text{(C)}")],
     ),
+    # an equation whose left side is a lone variable that its right side does not use names the
+    # expression: y = x^2+2x+1 answers x^2+2x+1 and the other way round; anything else stays an
+    # equation (x = 2x + 3, 2y = 4x + 6, x^2 + 2x + 1 = y against the bare expression)
+    "lone_variable_equations": (
+        [("y = x^2+2x+1", "x^2+2x+1"), ("x^2+2x+1", "y = x^2+2x+1"), ("y = x^2+2x+1", "2x+ 1+x^2"),
+         ("2x+ 1+x^2", "y = x^2+2x+1"), ("y=2x+3", "2x+3"), ("2x+3", "y = 2x + 3"), ("(x+1)^2", "y = x^2+2x+1"),
+         ("f = 2x+3", "2x+3"), ("y_1 = 2x+3", "3+2x"), ("r = 2\\cos\\theta", "2\\cos\\theta")],
+        [("y = x^2+2x+1", "x^2+2x"), ("x^2+2x", "y = x^2+2x+1"), ("y = x^3+2x+1", "x^2+2x+1"),
+         ("y = 2x+3", "2y+3"), ("x = 2x+3", "2x+3"), ("2x+3", "x = 2x + 3"), ("2y = 4x+6", "2x+3"),
+         ("2x+3", "2y = 4x + 6"), ("x^2+2x+1 = y", "x^2+2x+1"), ("y = 2x+3", "2z+3"), ("y = 2x + 3", "y")],
+    ),
     "equations": (
         [("y = 2x + 3", "y=2x+3"), ("2x-y+3=0", "y = 2x + 3"), ("y-2x=3", "y = 2x + 3"),
          ("-5x+7y-11z-4=0", "5x - 7y + 11z + 4 = 0"), ("y=-\\frac{1}{2}x+\\frac{3}{4}", "2x+4y-3=0"),
          ("x^2/16 + y^2/12 = 1/4", "x^2/4 + y^2/3 = 1"), ("y=-2x", "y = -2x")],
-        [("y=2x-3", "y = 2x + 3"), ("y=3x+2", "y = 2x + 3"), ("2x+3", "y = 2x + 3"),
+        [("y=2x-3", "y = 2x + 3"), ("y=3x+2", "y = 2x + 3"),
          ("5x - 7y + 11z - 4 = 0", "5x - 7y + 11z + 4 = 0"), ("y=2x", "y = -2x"), ("x^2+y^2=1", "x^2+y^2=4")],
     ),
     "bases": (
@@ -440,6 +451,88 @@ def test_category(category):
     equal, not_equal = CATEGORIES[category]
     assert equal and not_equal
     check_pairs(equal, not_equal)
+
+
+# A list whose parts all carry distinct labels is one labelled tuple: equal to the same labels with
+# equal values in any order, or to a written list or tuple of as many values in the reference's
+# order; never to fewer parts (one value, one of its labels), never with a duplicate dropped,
+# never to the values reordered. One form per label kind the policy accepts, each with its near
+# misses. (reference, answers that score 1, answers that score 0)
+LABELLED_FORMS = {
+    "single_variables_equal_values": (
+        "x=5, y=5",
+        ["5, 5", "(5,5)", "y = 5, x = 5", "(x, y) = (5, 5)", "x = 5; y = 5", "5, y = 5"],
+        ["5", "x=5", "y=5", "x = 5, x = 5", "5, 5, 5", "x=5, y=5, z=5", "x = 5, z = 5", "\\{5\\}",
+         "\\{5, 5\\}", "5, 6", "x = 5, y = 6"]),
+    "single_variables_one_value_twice": (
+        "x=2, y=2", ["2, 2", "(2, 2)", "y=2, x=2"], ["2", "x = 2", "y = 2", "(2)", "2, 2, 2", "2, -2", "\\pm 2"]),
+    "single_variables_order": (
+        "x=3, y=4",
+        ["3, 4", "(3, 4)", "y = 4, x = 3", "(x, y) = (3, 4)", "(y, x) = (4, 3)", "3, y = 4", "x = 3, 4"],
+        ["4, 3", "(4, 3)", "x = 4, y = 3", "y = 3, x = 4", "3", "4", "x = 3", "\\{3, 4\\}", "\\{4, 3\\}",
+         "4, x = 3", "y = 4, 3", "[3, 4]", "(x, y) = (4, 3)", "3, 4, 5"]),
+    "tuple_label": (
+        "(x, y) = (5, 5)", ["(5, 5)", "x = 5, y = 5", "y = 5, x = 5", "(x,y) = (5,5)"],
+        ["5", "x = 5", "(5, 6)", "x = 5, y = 6", "x = 5, z = 5"]),
+    "figure_names": (
+        "AB = 4, CD = 4", ["4, 4", "CD = 4, AB = 4", "BA = 4, DC = 4", "\\overline{AB} = 4, \\overline{CD} = 4"],
+        ["4", "AB = 4", "CD = 4", "AB = 4, EF = 4", "4, 5", "AB = 4, CD = 5", "4, 4, 4"]),
+    "figure_names_order": (
+        "AB = 4, CD = 5", ["4, 5", "CD = 5, AB = 4", "(4, 5)"], ["5, 4", "AB = 5, CD = 4", "4", "5", "(5, 4)"]),
+    "angles": (
+        "\\angle A = 30, \\angle B = 30", ["30, 30", "\\angle B = 30, \\angle A = 30"],
+        ["30", "\\angle A = 30", "\\angle A = 30, \\angle C = 30", "30, 60"]),
+    "text_labels": (
+        "\\text{Area} = 12, \\text{Perimeter} = 14", ["12, 14", "\\text{perimeter} = 14, \\text{area} = 12"],
+        ["12", "14", "14, 12", "\\text{Area} = 12", "\\text{Area} = 14, \\text{Perimeter} = 12"]),
+    "function_values": (
+        "f(1) = 3, f(2) = 3", ["3, 3", "f(2) = 3, f(1) = 3"], ["3", "f(1) = 3", "f(1) = 3, f(3) = 3", "3, 4"]),
+    "ratio_single": (
+        "S_{MBCN}:S = 7:32", ["7:32", "S_{MBCN}:S = 7:32", "7 : 32"],
+        ["32:7", "7", "32", "\\frac{7}{32}", "14:64", "S:S_{MBCN} = 7:32", "7:32:1"]),
+    "ratio_list": (
+        "S_{1}:S = 7:32, S_{2}:S = 1:4", ["7:32, 1:4", "S_2:S = 1:4, S_1:S = 7:32"],
+        ["7:32", "1:4", "1:4, 7:32", "S_1:S = 1:4, S_2:S = 7:32", "S_{1}:S = 7:32", "7:32, 1:4, 1:4"]),
+    "length_single": ("|AB| = 1", ["1", "AB = 1", "|BA| = 1"], ["-1", "2", "|AB| = 2", "1, 2"]),
+    "length_list": (
+        "|AB| = 1, |CD| = 1", ["1, 1", "|CD| = 1, |AB| = 1", "AB = 1, CD = 1"],
+        ["1", "|AB| = 1", "AB = 1", "1, -1", "|AB| = 1, |EF| = 1"]),
+    "segment_fraction_single": (
+        "\\frac{NO}{BO} = \\frac{1}{2}", ["\\frac12", "0.5", "NO/BO = \\frac12"],
+        ["2", "\\frac{BO}{NO} = \\frac12", "\\frac13", "1:2"]),
+    "segment_fraction_list": (
+        "\\frac{NO}{BO} = \\frac{1}{2}, \\frac{AB}{CD} = 2", ["\\frac12, 2", "\\frac{AB}{CD} = 2, \\frac{NO}{BO} = \\frac12"],
+        ["\\frac12", "2", "2, \\frac12", "\\frac{NO}{BO} = 2, \\frac{AB}{CD} = \\frac12"]),
+    "lone_variable_equations": (
+        "y_1 = 2x+1, y_2 = 3x", ["2x+1, 3x", "y_2 = 3x, y_1 = 1+2x", "1 + 2x, y_2 = 3x"],
+        ["2x+1", "3x", "3x, 2x+1", "y_1 = 3x, y_2 = 2x+1", "y_1 = 2x+1"]),
+}
+
+
+@pytest.mark.parametrize("form", sorted(LABELLED_FORMS))
+def test_labelled_forms_equal_and_near_misses(form):
+    gold, equal, not_equal = LABELLED_FORMS[form]
+    assert verifier._analyze_cached(gold) is not None, gold
+    check_pairs([(p, gold) for p in equal + [gold]], [(p, gold) for p in not_equal])
+
+
+def test_labelled_list_is_never_answered_by_fewer_parts():
+    # a reward of 1 for part of a labelled answer is what a policy would learn to write
+    for gold, part in [("x=5, y=5", "5"), ("x=5, y=5", "x=5"), ("x=5, y=5", "y = 5"), ("x=2, y=2", "2"),
+                       ("AB = 4, CD = 4", "4"), ("|AB| = 1, |CD| = 1", "1"), ("f(1) = 3, f(2) = 3", "3"),
+                       ("x = 1, y = 1, z = 1", "1, 1"), ("x = 1, y = 1, z = 1", "x = 1, y = 1")]:
+        assert reward(f"\\boxed{{{part}}}", gold) == 0.0, (part, gold)
+    # nor does a labelled answer answer one value: its extra parts are a different answer
+    for gold, pred in [("5", "x=5, y=5"), ("2", "x = 2, y = 2"), ("4", "AB = 4, CD = 4")]:
+        assert reward(f"\\boxed{{{pred}}}", gold) == 0.0, (pred, gold)
+
+
+def test_labelled_list_keeps_the_reference_order_and_its_duplicates():
+    assert reward("\\boxed{4, 3}", "x=3, y=4") == 0.0
+    assert reward("\\boxed{3, 4}", "x=3, y=4") == 1.0
+    assert reward("\\boxed{5, 5}", "x=5, y=5") == 1.0
+    assert reward("\\boxed{(5,5)}", "x=5, y=5") == 1.0
+    assert reward("\\boxed{5, 5, 5}", "x=5, y=5") == 0.0
 
 
 def test_unparseable_gold_falls_back_to_normalized_string():
