@@ -12,6 +12,17 @@ Extraction
     not count; nested boxes are unwrapped; surrounding ``$``/``$$``, ``\\[ \\]``, ``\\( \\)`` and
     a trailing period are removed. Empty, unbalanced or missing box: no answer (reward 0, status
     "no_answer", kept apart from "wrong").
+    Several final boxes (``score`` and ``reward`` only; ``is_equivalent`` compares one answer):
+    when the last box alone is not equal and the reference is a list of k >= 2 parts (k is the
+    reference's, never the response's: a labelled tuple's parts, a list's distinct parts), the
+    last k boxes, each holding one part and each closing before the next opens, are taken
+    together as one list: ``\\boxed{(2,2)} \\text{ and } \\boxed{(6,2)}`` answers ``(2,2), (6,2)``.
+    For an unlabelled list they must equal its set exactly (no extra part, none missing, a
+    duplicate box is not another part), for a labelled tuple its parts in order. Boxing many
+    candidates cannot win: only two readings exist, the last box (which must hold all k parts)
+    and the last k boxes (one part each), and a response satisfies at most one of them, so it
+    still states one answer; the boxes before the last k are not read at all, and boxing more
+    candidates at the end only puts wrong parts among the last k.
 
 Equivalence policy
   * Numbers compare exactly as rationals: integers, ``\\frac12``, ``\\frac{-1}{2}``, ``\\dfrac``,
@@ -139,6 +150,7 @@ import multiprocessing
 import re
 import signal
 import threading
+from collections import deque
 from fractions import Fraction
 
 from mpmath.ctx_mp import MPContext
@@ -258,22 +270,29 @@ def _extract(text):
         pass
     if last is None:
         return None
+    return _box_content(text, last)[0]
+
+
+def _box_content(text, box):
+    """(content, end) of the box whose command ``box`` (a match of _BOX_RE) starts, or
+    (None, end) when it is empty or unbalanced."""
     n = len(text)
-    k = _skip_space(text, last.end())
+    k = _skip_space(text, box.end())
     if k < n and text[k] == "{":
         e = _match_group(text, k)
         if e < 0:
-            return None
+            return None, n
         content = text[k + 1:e - 1]
     else:
         m = re.match(r"[^\s$]+", text[k:k + 200])
         if not m:
-            return None
+            return None, k
         content = m.group().rstrip(".,;")
+        e = k + m.end()
     content = _strip_wrappers(content)
     if not content or _CTRL_RE.search(content):
-        return None
-    return content
+        return None, e
+    return content, e
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2153,6 +2172,61 @@ def _is_equivalent(pred, gold):
     return bool(_same(g, p))
 
 
+def _gold_parts(g):
+    """How many parts a reference list has (a labelled tuple's parts, a list's distinct parts),
+    or 0 when the reference is not a list of at least two parts."""
+    if g is None:
+        return 0
+    if g[0] == "ltup":
+        return len(g[2])
+    if g[0] == "uset":
+        return len(_dedup(_parts(g[1])))
+    return 0
+
+
+def _last_boxes(text, k):
+    """The contents of the last k boxes of the response (each read as extract_final_answer reads
+    the last one), or None when there are fewer, one is empty or unbalanced, or one holds the
+    next (``\\boxed{\\boxed{5}}`` is one box)."""
+    if len(text) > MAX_RESPONSE_CHARS:
+        text = text[-MAX_RESPONSE_CHARS:]
+    starts = deque(_BOX_RE.finditer(text), maxlen=k)
+    if len(starts) < k:
+        return None
+    out = []
+    for j, m in enumerate(starts):
+        content, end = _box_content(text, m)
+        if content is None or (j + 1 < k and end > starts[j + 1].start()):
+            return None
+        out.append(content)
+    return out
+
+
+def _several_boxes(text, gold):
+    """For a reference list of k parts whose last box alone was not equal: the last k boxes
+    taken together, each one part, as one list (``\\boxed{(2,2)}`` and ``\\boxed{(6,2)}`` for
+    ``(2,2), (6,2)``); the joined answer when it equals the reference, else None."""
+    if not isinstance(gold, str) or _INT_RE.fullmatch(gold) or not _last_boxes(text, 2):
+        return None  # the common cases, decided without parsing: one integer, one box
+    k = _gold_parts(_analyze_cached(gold))
+    if not 2 <= k <= MAX_ITEMS:
+        return None
+    boxes = _last_boxes(text, k)
+    if boxes is None:
+        return None
+    canons = []
+    for b in boxes:
+        if len(b) > MAX_ANSWER_CHARS or _CTRL_RE.search(b):
+            return None
+        c = _analyze_cached(b)
+        if c is None or c[0] in ("uset", "ltup") or c[0] == "lab" and c[2][0] == "uset":
+            return None  # a box of several parts: the boxes would not be k parts
+        canons.append(c)
+    if not _same(_analyze_cached(gold), _combine(canons)):
+        return None
+    return ", ".join(boxes)
+
+
 def score(response, gold):
     """(reward, extracted answer or None, status) with status correct / wrong / no_answer."""
     try:
@@ -2160,6 +2234,10 @@ def score(response, gold):
         if ans is None:
             return (0.0, None, "no_answer")
         ok = is_equivalent(ans, gold)
+        if not ok:
+            joined = _several_boxes(response, gold)
+            if joined is not None:
+                return (1.0, joined, "correct")
         return (1.0 if ok else 0.0, ans, "correct" if ok else "wrong")
     except Exception:  # never raise
         return (0.0, None, "no_answer")

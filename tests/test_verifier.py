@@ -535,6 +535,69 @@ def test_labelled_list_keeps_the_reference_order_and_its_duplicates():
     assert reward("\\boxed{5, 5, 5}", "x=5, y=5") == 0.0
 
 
+# Several final boxes for a reference list of k parts: when the last box alone is not equal, the
+# last k boxes, each one part, taken together as one list (so, for an unlabelled list, as a set:
+# no box too many among them, none missing; for a labelled tuple in its order).
+SEVERAL_BOXES_EQUAL = [
+    ("\\boxed{(2,2)} \\quad\\text{and}\\quad \\boxed{(6,2)}", "(2,2),(6,2)"),
+    ("$\\boxed{(6, 2)}$ and $\\boxed{(2, 2)}$.", "(2,2),(6,2)"),
+    ("\\boxed{(3, 3)} \\text{ for part (a) and } \\boxed{(1, 1)}", "(3, 3), (1, 1)"),
+    ("\\boxed{1} and \\boxed{2} and \\boxed{3}", "\\{1,2,3\\}"),
+    ("\\boxed{1},\\boxed{2},\\boxed{3}", "1, 2, 3"),
+    ("\\boxed{-2} \\quad \\text{and} \\quad \\boxed{1}.", "1, -2"),
+    ("\\boxed{k = 45} \\quad \\text{and} \\quad \\boxed{n = 2}", "k = 45, n = 2"),
+    ("\\boxed{n = 2} \\quad \\text{and} \\quad \\boxed{k = 45}", "k = 45, n = 2"),
+    ("$y_1 = \\boxed{-2(x - 1)^2 + 5}$ and $y_2 = \\boxed{3(x + 2)^2 - 2}$",
+     "y_{1}=-2 x^{2}+4 x+3, y_{2}=3 x^{2}+12 x+10"),
+    ("\\boxed{3} and \\boxed{4}", "x = 3, y = 4"),
+    ("\\boxed{5} and \\boxed{5}", "x = 5, y = 5"),
+    ("first \\boxed{7} (wrong), then the two roots \\boxed{2} and \\boxed{5}", "2, 5"),
+    ("\\boxed{\\boxed{2}} and \\boxed{5}", "2, 5"),
+    ("\\boxed{(7,2)} \\boxed{(5,2)}", "p=5,q=2;p=7,q=2"),
+]
+SEVERAL_BOXES_NOT_EQUAL = [
+    ("\\boxed{(2,2)}", "(2,2),(6,2)"),                                    # one missing
+    ("\\boxed{(2,2)} and \\boxed{(6,2)} and \\boxed{(1,1)}", "(2,2),(6,2)"),  # one too many last
+    ("\\boxed{(2,2)} and \\boxed{(2,2)}", "(2,2),(6,2)"),                 # a duplicate is not the other
+    ("\\boxed{(2,2)} and \\boxed{(6,3)}", "(2,2),(6,2)"),
+    ("\\boxed{1}\\boxed{2}\\boxed{3}\\boxed{4}\\boxed{5}", "2, 5"),       # boxing candidates
+    ("\\boxed{5}\\boxed{2}\\boxed{9}", "2, 5"),
+    ("\\boxed{1, 2} and \\boxed{3}", "1, 2, 3"),                          # a box of two parts
+    ("\\boxed{1} and \\boxed{2, 3}", "1, 2, 3"),
+    ("\\boxed{1} and \\boxed{2}", "1, 2, 3"),
+    ("\\boxed{4} and \\boxed{3}", "x = 3, y = 4"),                        # a labelled tuple's order
+    ("\\boxed{5}", "x = 5, y = 5"),
+    ("\\boxed{x = 5}", "x = 5, y = 5"),
+    ("\\boxed{k = 45} and \\boxed{n = 3}", "k = 45, n = 2"),
+    ("\\boxed{k = 45} and \\boxed{m = 2}", "k = 45, n = 2"),
+    ("\\boxed{5} and \\boxed{6}", "5"),                                   # one value: the last box only
+    ("\\boxed{5} and \\boxed{6}", "5, 6, 7"),
+    ("\\boxed{\\boxed{2} and 5}", "2, 5"),                                # one box holding another
+    ("\\boxed{2} and \\boxed{5", "2, 5"),                                 # the last box unbalanced
+    ("\\boxed{2} and \\boxed{}", "2, 5"),
+    ("\\boxed{2} \\boxed{x = \\pm 5}", "2, 5, -5"),
+]
+
+
+def test_several_boxes_answer_a_list_reference():
+    for response, gold in SEVERAL_BOXES_EQUAL:
+        assert reward(response, gold) == 1.0, (response, gold)
+        r, ans, status = score(response, gold)
+        assert (r, status) == (1.0, "correct") and ans, (response, gold)
+    for response, gold in SEVERAL_BOXES_NOT_EQUAL:
+        assert reward(response, gold) == 0.0, (response, gold)
+    assert score("\\boxed{(2,2)} \\quad\\text{and}\\quad \\boxed{(6,2)}", "(2,2),(6,2)") == (
+        1.0, "(2,2), (6,2)", "correct")
+    assert score("\\boxed{(2,2)} and \\boxed{(6,3)}", "(2,2),(6,2)") == (0.0, "(6,3)", "wrong")
+    assert score("\\boxed{2} and \\boxed{5", "2, 5") == (0.0, None, "no_answer")
+
+
+def test_several_boxes_are_read_by_score_not_by_is_equivalent():
+    # is_equivalent compares one answer with one reference; only a response has several boxes
+    assert not is_equivalent("\\boxed{1},\\boxed{2}", "1, 2")
+    assert extract_final_answer("\\boxed{1},\\boxed{2}") == "2"
+
+
 def test_unparseable_gold_falls_back_to_normalized_string():
     gold = "\\mathbb{R}"
     assert verifier._analyze_cached(gold) is None  # really unparseable
@@ -674,13 +737,11 @@ PEER_CONFLICTS = {
     ("$x >= 5$", "Therefore $x \\geq 5$ is the solution."):
         "free text without \\boxed: no last-LaTeX-block extraction",
     ("$\\boxed{1}\\boxed{2}$", "$\\boxed{1,2}$"):
-        "only the LAST box is the answer; several boxes are not joined into a list",
+        "a reference is one answer: of a reference with several boxes only the last is read",
     ("\\(\\boxed{1}\\) and \\(\\boxed{-2}\\).", "$\\boxed{-2,1}$."):
-        "only the LAST box is the answer; several boxes are not joined into a list",
-    ("$${1,2,3}$$", "\\boxed{1},\\boxed{2},\\boxed{3}"):
-        "only the LAST box is the answer; several boxes are not joined into a list",
+        "a reference is one answer: of a reference with several boxes only the last is read",
     ("\\boxed{1} papers and \\boxed{2} bins", "$\\boxed{1,2}$"):
-        "only the LAST box is the answer; several boxes are not joined into a list",
+        "a reference is one answer: of a reference with several boxes only the last is read",
 }
 
 # For the free-text conflicts: the same math, boxed, agrees with the peer label.
@@ -704,7 +765,10 @@ def test_peer_cases_math_verify():
     assert set(PEER_CONFLICTS) <= keys, "a listed conflict is not in the peer file"
     agree = 0
     for c in cases:
-        ours = is_equivalent(_peer_answer(c["pred"]), _peer_answer(c["gold"]))
+        # the prediction is scored as a response (boxed unless it has a box: several final boxes
+        # may answer a list), the reference is one answer
+        pred = c["pred"] if ("\\boxed" in c["pred"] or "\\fbox" in c["pred"]) else f"\\boxed{{{c['pred']}}}"
+        ours = reward(pred, _peer_answer(c["gold"])) == 1.0
         key = (c["gold"], c["pred"])
         if key in PEER_CONFLICTS:
             assert ours == (not c["equal"]), f"listed conflict no longer differs: {key}"
@@ -789,6 +853,10 @@ HOSTILE = {
     "long_subscripts_ratio": ("\\boxed{" + ":".join(["S_{ABCDEFGH}"] * 40) + " = 1}", "2"),
     "nested_frac_names": ("\\boxed{" + "\\frac{AB}{" * 150 + "CD" + "}" * 150 + " = 2}", "2"),
     "many_groups": ("\\boxed{" + "; ".join("x = 1, y = 2" for _ in range(32)) + "}", "(1,3)"),
+    "many_boxes_list_gold": ("\\boxed{1}" * 120_000, ", ".join(str(i) for i in range(64))),
+    "boxes_of_tuples_list_gold": ("".join(f"\\boxed{{({i},{i})}}" for i in range(64)) * 50,
+                                  ", ".join(f"({i},{i + 1})" for i in range(64))),
+    "boxes_of_towers_list_gold": ("\\boxed{9^{9^{9^9}}} \\boxed{100000!} " * 40, "1, 2"),
     "wide_groups": ("\\boxed{" + ", ".join(f"x_{{{i}}} = 1" for i in range(40)) + "; 2}", "(1,2)"),
     "none": (None, "1"),
     "bytes": (b"\\boxed{1}", "1"),
