@@ -33,7 +33,12 @@ Equivalence policy
     that are not three digits, or a first group that starts with 0 make a list instead:
     ``0,111`` is the list 0, 111, never 111; a typographic ``{,}`` or ``,\\!`` is never a list
     separator, so where it is not grouping (``0{,}111``, the decimal comma ``1{,}5``) the answer
-    is refused); mixed numbers (``10\\frac{1}{12}`` and
+    is refused); a decimal comma, decided by the reference: against a reference that is a
+    plain decimal (``2.74``, ``0.111``), an answer that is one number whose single comma
+    (``,`` or ``{,}``) cannot group thousands reads it as the decimal point (``2,74``,
+    ``1000,99``, ``0,111``, ``1{,}5``, a currency sign or unit around it too), while ``2,740``
+    still groups thousands (!= 2.74) and against any other reference a comma keeps the meaning
+    above (``1,5`` != ``\\frac32``: a list); mixed numbers (``10\\frac{1}{12}`` and
     ``10 \\frac{1}{12}`` are 121/12, but ``10\\cdot\\frac1{12}`` is 10/12, and an improper
     ``2\\frac{3}{2}`` is the product 3); leading ``+``, ``-0``,
     ``.5``, ``12.0``.
@@ -47,7 +52,13 @@ Equivalence policy
     ``e`` is Euler's number and ``i`` the imaginary unit; ``\\log`` without a base is natural.
   * Presentation is ignored: ``\\left``/``\\right``, spacing commands, ``\\displaystyle``,
     ``\\text{}``/``\\mathrm{}``/``\\mbox{}`` around a number or a unit word after it
-    (``2 \\text{ euros}``, ``10\\text{ cm}^2``), ``^\\circ`` and the degree sign, ``\\$``, ``\\%``,
+    (``2 \\text{ euros}``, ``10\\text{ cm}^2``), ``^\\circ`` and the degree sign, ``\\$``, ``\\%``
+    (a percent answers the number written: ``10\\%`` == ``10``, never ``0.1``, both ways, since a
+    reference often drops the sign and cannot say which reading it means, and ``0.28`` for
+    "what percent" is the unconverted slip a policy should not be paid for), the square or
+    cubic metre written with a superscript sign right after a number (``1,000.99m²``,
+    ``5 m³``: the one single letter read as a unit, as the sign is unit typography; ``m^2`` stays
+    a variable squared, and any other ``²``/``³`` is a power: ``x²`` == ``x^2``),
     and a list of bare spelled-out units and percent words (``125 miles``, ``12 centimeters``,
     ``4 square feet``, ``60 miles per hour``, ``28 percent``, ``5 pct``, ``5 percentage points``)
     right after a quantity (a number, a closing bracket, ``\\pi`` or a one-letter variable:
@@ -303,7 +314,13 @@ _UNICODE = [
     ("\u2260", "\\ne "), ("\u2248", "\\approx "),
     ("\u221e", "\\infty "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "),
     ("\u222a", "\\cup "), ("\u00b1", "\\pm "), ("\u00b0", ""), ("\u20ac", ""), ("\u00a3", ""),
+    ("\u00b2", "^2"), ("\u00b3", "^3"),
 ]
+# The square or cubic metre written with a superscript sign right after a number (1,000.99m²,
+# 5 m³), at the end of the answer or of a list item, is a unit: the one single letter read as a
+# unit, since that sign is unit typography (m^2 stays a variable squared, and so does x²)
+_METRE_POWER_RE = re.compile(
+    "(?<=[0-9}]) ?m[\u00b2\u00b3](?![A-Za-z0-9])(?=\\s*(?:$|[,;)\\]]|\\\\\\}))")
 _LEFTRIGHT_RE = re.compile(
     r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|Biggl|Biggr|big|Big|bigg|Bigg)"
     r"(?![A-Za-z])\s*(\\[{}|]|\\[lr](?:brace|vert|angle|floor|ceil)|[()\[\]|.])")
@@ -390,6 +407,8 @@ def _clean(s):
     if not isinstance(s, str) or len(s) > MAX_ANSWER_CHARS or _CTRL_RE.search(s):
         raise _Refuse
     s = _strip_wrappers(re.sub(r"\s+", " ", s))
+    if "m\u00b2" in s or "m\u00b3" in s:
+        s = _METRE_POWER_RE.sub("", s)
     for a, b in _UNICODE:
         if a in s:
             s = s.replace(a, b)
@@ -2151,6 +2170,32 @@ def is_equivalent(pred, gold):
         return False
 
 
+_DECIMAL_GOLD_RE = re.compile(r"[+-]?[0-9]*\.[0-9]+")
+# one comma (plain or {,}) between digits, an optional \$ before, and no digit, comma or
+# semicolon after it (a unit may follow)
+_DECIMAL_COMMA_RE = re.compile(r"(\\\$\s*)?([+-]?)([0-9]+)(?:,|\{,\})([0-9]+)([^0-9,;]*)")
+_THOUSANDS_HEAD_RE = re.compile(r"[1-9][0-9]{0,2}")
+
+
+def _decimal_comma(pred, gold):
+    """``pred`` rewritten with a decimal point, when ``gold`` is a plain decimal (``2.74``) and
+    ``pred`` one number whose single comma cannot group thousands (``2,74``, ``1000,99``,
+    ``0,111``, ``1{,}5``; not ``2,740``, which is 2740); else None."""
+    try:
+        g = _clean(gold)
+    except _Refuse:
+        return None
+    if not _DECIMAL_GOLD_RE.fullmatch(g):
+        return None
+    m = _DECIMAL_COMMA_RE.fullmatch(_strip_wrappers(re.sub(r"\s+", " ", pred)))
+    if m is None:
+        return None
+    cur, sign, head, tail, rest = m.groups()
+    if _THOUSANDS_HEAD_RE.fullmatch(head) and len(tail) == 3:
+        return None  # 2,740 groups thousands
+    return (cur or "") + sign + head + "." + tail + rest
+
+
 def _is_equivalent(pred, gold):
     if not isinstance(pred, str) or not isinstance(gold, str):
         return False
@@ -2165,11 +2210,16 @@ def _is_equivalent(pred, gold):
     if g[0] == "text":
         return _text_key(pred) == g[1]
     p = _analyze_cached(pred)
-    if p is None:
-        return False
-    if p[0] == "text":
+    if p is not None and p[0] == "text":
         return _text_key(gold) == p[1]
-    return bool(_same(g, p))
+    if p is not None and _same(g, p):
+        return True
+    if "," in pred:
+        # a decimal comma, decided by the reference: only a plain decimal reference reads one
+        dec = _decimal_comma(pred, gold)
+        p = _analyze_cached(dec) if dec is not None else None
+        return p is not None and p[0] == "expr" and bool(_same(g, p))
+    return False
 
 
 def _gold_parts(g):

@@ -299,10 +299,40 @@ CATEGORIES = {
     "thousands_leading_zero": (
         [("0,111", "0, 111"), ("0,111", "\\{111, 0\\}"), ("012,345", "345, 12"), ("10,111", "10111"),
          ("100,111", "100111"), ("(1{,}000, 2)", "(1000, 2)"), ("0, 111", "0,111")],
-        [("0,111", "111"), ("111", "0,111"), ("0,111", "0.111"), ("0,111", "0"), ("-0,111", "-111"),
-         ("\\$0,111", "111"), ("0{,}111", "111"), ("0{,}111", "0.111"), ("0{,}111", "0, 111"),
+        [("0,111", "111"), ("111", "0,111"), ("0,111", "0"), ("-0,111", "-111"),
+         ("\\$0,111", "111"), ("0{,}111", "111"), ("0{,}111", "0, 111"),
          ("0,\\!111", "111"), ("0\\,111", "111"), ("0 111", "111"), ("012,345", "12345"),
-         ("1{,}5", "1, 5"), ("1{,}5", "1.5")],
+         ("1{,}5", "1, 5")],
+    ),
+    # a decimal comma, decided by the reference: against a plain decimal reference, one number
+    # whose single comma cannot group thousands reads as a decimal point (2,74 1000,99 0,111
+    # 1{,}5); 2,740 still groups thousands, and against any other reference a comma keeps its
+    # meaning (a list, thousands, or refused)
+    "decimal_comma_by_reference": (
+        [("2,74", "2.74"), ("1000,99", "1000.99"), ("0,111", "0.111"), ("0{,}111", "0.111"), ("1{,}5", "1.5"),
+         ("-1,5", "-1.5"), ("1,50", "1.5"), ("\\$2,74", "2.74"), ("2,74 \\text{ euros}", "2.74"), ("2,74\u20ac", "2.74"),
+         ("3,14", "3.14"), ("0,5", ".5"), ("2,740", "2740")],
+        [("2,740", "2.74"), ("1,500", "1.5"), ("0,111", "0.11"), ("0,111", "0.1111"), ("2,74", "2.75"),
+         ("-1,5", "1.5"), ("1,5", "15"), ("1,5", "\\frac32"), ("1,5", "1.5 \\text{ cm}"), ("12,345,67", "12345.67"),
+         ("1,5x", "1.5"), ("1,5, 2", "1.5"), ("1,5; 2", "1.5"), ("1,5", "1.5, 2"), ("(1,5)", "1.5"),
+         ("1,\\!5", "1.5"), ("1\\,5", "1.5"), ("2,74", "2")],
+    ),
+    # the square or cubic metre written with a superscript sign right after a number is a unit
+    # (1,000.99m² is 1000.99); any other ² or ³ is a power (x², 2² = 4) and m^2 a variable squared
+    "superscript_units": (
+        [("1,000.99m\u00b2", "1000.99"), ("1,000.99 m\u00b2", "1000.99"), ("5 m\u00b3", "5"), ("5 cm\u00b3", "5"),
+         ("5cm\u00b2", "5"), ("5 km\u00b2", "5"), ("3 m\u00b2, 4 m\u00b2", "3, 4"), ("x\u00b2+1", "x^2+1"),
+         ("2\u00b2", "4"), ("12 \\text{ cm}^2", "12"), ("(x+1)\u00b2", "x^2+2x+1")],
+        [("1,000.99m\u00b2", "1000.9"), ("5 m\u00b2", "6"), ("5 cm\u00b3", "6"), ("5m^2", "5"), ("5 m\u00b2 + 1", "6"),
+         ("x\u00b2", "x^3"), ("x\u00b2", "x"), ("2\u00b2", "2"), ("5 g\u00b2", "5"), ("5 cm\u00b2", "25")],
+    ),
+    # a percent sign is presentation: p% answers p, as references drop the sign (28 for 28%), and
+    # never p/100: the reference cannot say which reading it means, and 0.28 for "what percent"
+    # is the unconverted slip a policy should not be paid for
+    "percent_is_the_number_written": (
+        [("10\\%", "10"), ("10%", "10"), ("10", "10\\%"), ("10 percent", "10"), ("0.1\\%", "0.1\\%")],
+        [("10\\%", "0.1"), ("10%", "0.1"), ("0.1", "10\\%"), ("\\frac{1}{10}", "10\\%"), ("1000\\%", "10"),
+         ("10 percent", "0.1"), ("0.1", "10%"), ("10\\%", "\\frac{1}{10}")],
     ),
     # x != c is the line without the point c, like the other inequalities a set: the letter
     # is not compared, the excluded point and the kind of relation are
@@ -857,6 +887,11 @@ HOSTILE = {
     "boxes_of_tuples_list_gold": ("".join(f"\\boxed{{({i},{i})}}" for i in range(64)) * 50,
                                   ", ".join(f"({i},{i + 1})" for i in range(64))),
     "boxes_of_towers_list_gold": ("\\boxed{9^{9^{9^9}}} \\boxed{100000!} " * 40, "1, 2"),
+    "decimal_comma_long": ("\\boxed{1," + "9" * 1990 + "}", "1.5"),
+    "decimal_comma_digits_cap": ("\\boxed{1," + "9" * 400 + "}", "1." + "9" * 400),
+    "decimal_comma_unit_flood": ("\\boxed{1,5" + " cm" * 600 + "}", "1.5"),
+    "metre_power_flood": ("\\boxed{1" + " m\u00b2" * 600 + "}", "1"),
+    "superscript_flood": ("\\boxed{x" + "\u00b2" * 1500 + "}", "x"),
     "wide_groups": ("\\boxed{" + ", ".join(f"x_{{{i}}} = 1" for i in range(40)) + "; 2}", "(1,2)"),
     "none": (None, "1"),
     "bytes": (b"\\boxed{1}", "1"),
