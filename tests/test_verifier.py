@@ -324,7 +324,7 @@ CATEGORIES = {
          ("5cm\u00b2", "5"), ("5 km\u00b2", "5"), ("3 m\u00b2, 4 m\u00b2", "3, 4"), ("x\u00b2+1", "x^2+1"),
          ("2\u00b2", "4"), ("12 \\text{ cm}^2", "12"), ("(x+1)\u00b2", "x^2+2x+1")],
         [("1,000.99m\u00b2", "1000.9"), ("5 m\u00b2", "6"), ("5 cm\u00b3", "6"), ("5m^2", "5"), ("5 m\u00b2 + 1", "6"),
-         ("x\u00b2", "x^3"), ("x\u00b2", "x"), ("2\u00b2", "2"), ("5 g\u00b2", "5"), ("5 cm\u00b2", "25")],
+         ("x\u00b2", "x^3"), ("x\u00b2", "x"), ("2\u00b2", "2"), ("5 g\u00b2", "5"), ("3 m\u00b2, 4 g\u00b2", "3, 4"), ("5 cm\u00b2", "25")],
     ),
     # a percent sign is presentation: p% answers p, as references drop the sign (28 for 28%), and
     # never p/100: the reference cannot say which reading it means, and 0.28 for "what percent"
@@ -489,6 +489,11 @@ def test_category(category):
 # never to the values reordered. One form per label kind the policy accepts, each with its near
 # misses. (reference, answers that score 1, answers that score 0)
 LABELLED_FORMS = {
+    "variable_single": ("x = 5", ["5", "x=5.0", "y = 5", "\\frac{10}{2}"], ["6", "x = 6", "x = 5, y = 5", "(5, 5)", "5, 6"]),
+    "figure_name_single": ("AB = 4", ["4", "BA = 4", "\\overline{AB} = 4"], ["5", "AB = 5", "AB = 4, CD = 4", "2x"]),
+    "angle_single": ("\\angle ABC = 30", ["30", "m\\angle CBA = 30", "30^\\circ"], ["60", "\\angle ABC = 60", "30, 60"]),
+    "text_single": ("\\text{Area} = 12", ["12", "\\text{area} = 12"], ["13", "\\text{Area} = 13", "12, 14"]),
+    "function_single": ("f(2) = 5", ["5", "f(2)=5"], ["2", "f(2) = 6", "5, 6"]),
     "single_variables_equal_values": (
         "x=5, y=5",
         ["5, 5", "(5,5)", "y = 5, x = 5", "(x, y) = (5, 5)", "x = 5; y = 5", "5, y = 5"],
@@ -603,6 +608,10 @@ SEVERAL_BOXES_NOT_EQUAL = [
     ("\\boxed{5} and \\boxed{6}", "5"),                                   # one value: the last box only
     ("\\boxed{5} and \\boxed{6}", "5, 6, 7"),
     ("\\boxed{\\boxed{2} and 5}", "2, 5"),                                # one box holding another
+    ("\\boxed{\\boxed{2}}", "x = 2, y = 2"),                              # one value, boxed twice over
+    ("\\boxed{\\boxed{(2,2)}} \\boxed{(6,2)}", "(2,2), (6,2), (1,1)"),
+    ("\\boxed{1} \\boxed{1, 2} \\boxed{3}", "1, 2, 3"),                   # a box of two parts among k
+    ("\\boxed{1, 2} \\boxed{2}", "1, 2"),
     ("\\boxed{2} and \\boxed{5", "2, 5"),                                 # the last box unbalanced
     ("\\boxed{2} and \\boxed{}", "2, 5"),
     ("\\boxed{2} \\boxed{x = \\pm 5}", "2, 5, -5"),
