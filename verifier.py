@@ -1427,6 +1427,8 @@ def _safe_value(node, env):
 
 
 def _expr_equal(g, p):
+    if g[0] == "n" and p[0] == "n":  # two rationals: the common case of list parts, exactly
+        return g[1] == p[1]
     vg, vp = _vars(g), _vars(p)
     if vg != vp:
         return False
