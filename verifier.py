@@ -88,9 +88,10 @@ Equivalence policy
     is what a policy learns to write. A labelled answer against an unlabelled reference list
     drops its labels (``AB = 4, CD = 5`` == ``4, 5``, unordered like the list), never against one
     value (``x = 5, y = 5`` != ``5``) or a tuple (``x = 1, y = 2`` != ``(1, 2)``); ``(x, y) =
-    (5, 5)`` is the tuple ``(5, 5)``, its labels counting against a labelled tuple. Where the labels repeat (``x = 1, x = 2``,
-    solutions of one variable) or a value is a list (``x = \\pm 2, y = 3``), the list is unordered
-    and where both parts carry a label the labels must agree (``x = 1, y = 2`` !=
+    (5, 5)`` is the tuple ``(5, 5)``, its labels counting against a labelled tuple. Where the
+    labels repeat (``x = 1, x = 2``, solutions of one variable) or a value is a list
+    (``x = \\pm 2, y = 3``), the list is unordered and where both parts carry a label the labels
+    must agree (``x = 1, y = 2`` !=
     ``x = 2, y = 1``, ``AB = 4, CD = 5`` != ``AB = 5, CD = 4``). Two labels that name ratios must
     agree even alone, a reversed ratio being the usual slip: ``A:B = 2:3`` != ``B:A = 2:3``,
     ``\\frac{NO}{BO} = \\frac12`` != ``\\frac{BO}{NO} = \\frac12``. ``k = -\\frac{33}{2} = -16.5`` is
@@ -145,7 +146,7 @@ Safety (bounded by construction)
     1500 tree nodes, 300-digit literals, exact results up to 12000 bits, integer exponents whose
     result would exceed that are refused (never computed), factorials up to 1000!, irrational
     magnitudes within 10^±4000, trig arguments up to 10^6, 16 variables, 64 list items (and 64
-    terms of a ratio).
+    terms of a ratio, and the last 64 boxes at most for several final boxes).
     Anything beyond a cap, any unknown command (``\\int``, ``\\sum``, ``\\lim``, ...) and any
     control character is refused: the answer scores 0. No randomness and no dependence on hash
     order: same input, same output in every process. ``TimedVerifier`` adds a hard wall-clock
