@@ -433,7 +433,7 @@ CATEGORIES = {
          ("x = 1, y = 2", "x = 1, z = 2"), ("x = 1, x = 2", "x = 1, y = 2"), ("AB = 4, 5", "AB = 5, CD = 4"),
          ("x = 2, 1", "x = 1, y = 2"), ("x = \\pm 2, y = 3", "y = \\pm 2, x = 3")],
     ),
-    # labels naming the quantity other than by one variable (issue 17): a ratio of names (A:B,
+    # labels naming the quantity other than by one variable: a ratio of names (A:B,
     # S_{MBCN}:S, V_{1}:V_{2}, PA:AB), a length |AB|, a fraction of segment names \frac{NO}{BO};
     # a ratio is compared term by term, never as a number (9:24 may be a time); two ratio labels
     # must agree even alone; |x| = 1 and \frac{x}{y} = 2 stay equations. Semicolon-separated
