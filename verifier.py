@@ -12,6 +12,17 @@ Extraction
     not count; nested boxes are unwrapped; surrounding ``$``/``$$``, ``\\[ \\]``, ``\\( \\)`` and
     a trailing period are removed. Empty, unbalanced or missing box: no answer (reward 0, status
     "no_answer", kept apart from "wrong").
+    Several final boxes (``score`` and ``reward`` only; ``is_equivalent`` compares one answer):
+    when the last box alone is not equal and the reference is a list of k >= 2 parts (k is the
+    reference's, never the response's: a labelled tuple's parts, a list's distinct parts), the
+    last k boxes, each holding one part and each closing before the next opens, are taken
+    together as one list: ``\\boxed{(2,2)} \\text{ and } \\boxed{(6,2)}`` answers ``(2,2), (6,2)``.
+    For an unlabelled list they must equal its set exactly (no extra part, none missing, a
+    duplicate box is not another part), for a labelled tuple its parts in order. Boxing many
+    candidates cannot win: only two readings exist, the last box (which must hold all k parts)
+    and the last k boxes (one part each), and a response satisfies at most one of them, so it
+    still states one answer; the boxes before the last k are not read at all, and boxing more
+    candidates at the end only puts wrong parts among the last k.
 
 Equivalence policy
   * Numbers compare exactly as rationals: integers, ``\\frac12``, ``\\frac{-1}{2}``, ``\\dfrac``,
@@ -22,7 +33,12 @@ Equivalence policy
     that are not three digits, or a first group that starts with 0 make a list instead:
     ``0,111`` is the list 0, 111, never 111; a typographic ``{,}`` or ``,\\!`` is never a list
     separator, so where it is not grouping (``0{,}111``, the decimal comma ``1{,}5``) the answer
-    is refused); mixed numbers (``10\\frac{1}{12}`` and
+    is refused); a decimal comma, decided by the reference: against a reference that is a
+    plain decimal (``2.74``, ``0.111``), an answer that is one number whose single comma
+    (``,`` or ``{,}``) cannot group thousands reads it as the decimal point (``2,74``,
+    ``1000,99``, ``0,111``, ``1{,}5``, a currency sign or unit around it too), while ``2,740``
+    still groups thousands (!= 2.74) and against any other reference a comma keeps the meaning
+    above (``1,5`` != ``\\frac32``: a list); mixed numbers (``10\\frac{1}{12}`` and
     ``10 \\frac{1}{12}`` are 121/12, but ``10\\cdot\\frac1{12}`` is 10/12, and an improper
     ``2\\frac{3}{2}`` is the product 3); leading ``+``, ``-0``,
     ``.5``, ``12.0``.
@@ -36,7 +52,13 @@ Equivalence policy
     ``e`` is Euler's number and ``i`` the imaginary unit; ``\\log`` without a base is natural.
   * Presentation is ignored: ``\\left``/``\\right``, spacing commands, ``\\displaystyle``,
     ``\\text{}``/``\\mathrm{}``/``\\mbox{}`` around a number or a unit word after it
-    (``2 \\text{ euros}``, ``10\\text{ cm}^2``), ``^\\circ`` and the degree sign, ``\\$``, ``\\%``,
+    (``2 \\text{ euros}``, ``10\\text{ cm}^2``), ``^\\circ`` and the degree sign, ``\\$``, ``\\%``
+    (a percent answers the number written: ``10\\%`` == ``10``, never ``0.1``, both ways, since a
+    reference often drops the sign and cannot say which reading it means, and ``0.28`` for
+    "what percent" is the unconverted slip a policy should not be paid for), the square or
+    cubic metre written with a superscript sign right after a number (``1,000.99m²``,
+    ``5 m³``: the one single letter read as a unit, as the sign is unit typography; ``m^2`` stays
+    a variable squared, and any other ``²``/``³`` is a power: ``x²`` == ``x^2``),
     and a list of bare spelled-out units and percent words (``125 miles``, ``12 centimeters``,
     ``4 square feet``, ``60 miles per hour``, ``28 percent``, ``5 pct``, ``5 percentage points``)
     right after a quantity (a number, a closing bracket, ``\\pi`` or a one-letter variable:
@@ -55,9 +77,21 @@ Equivalence policy
     variable (subscripted too) or a figure name or length (``A:B = 1``, ``V_{1}:V_{2} = 11:21``,
     ``S_{MBCN}:S = 7:32``, ``PA:AB = 3:1``; the right side one value or a ratio of as many terms:
     ``A:B = 1:2:3`` refuses; ``2A:B``, ``ab:c`` are no names). A
-    single answer drops its label (``y = 5`` == ``5``) and so does a list compared with an
-    unlabelled one (``AB = 4, CD = 5`` == ``4, 5``); in lists, labels pair values with
-    quantities, so where both parts carry a label the labels must agree (``x = 1, y = 2`` !=
+    single answer drops its label (``y = 5`` == ``5``).
+    A list whose parts all carry distinct labels (``x = 5, y = 5``, ``AB = 4, CD = 5``, any of the
+    label kinds above, and an equation ``y_1 = 2x + 1`` whose left side is a lone variable) is one
+    labelled tuple of (label, value): it equals the same labels with equal values in any order
+    (``y = 5, x = 5``, ``(x, y) = (5, 5)``), or a written list or a tuple of as many values in the
+    reference's order (``5, 5``, ``(5, 5)``, ``3, y = 4`` for ``x = 3, y = 4``). It never equals
+    fewer parts (``5``, ``x = 5``), the values reordered (``4, 3`` != ``x = 3, y = 4``), a
+    duplicate dropped, a set ``\\{3, 4\\}`` or a ``\\pm``: a reward for part of a labelled answer
+    is what a policy learns to write. A labelled answer against an unlabelled reference list
+    drops its labels (``AB = 4, CD = 5`` == ``4, 5``, unordered like the list), never against one
+    value (``x = 5, y = 5`` != ``5``) or a tuple (``x = 1, y = 2`` != ``(1, 2)``); ``(x, y) =
+    (5, 5)`` is the tuple ``(5, 5)``, its labels counting against a labelled tuple. Where the
+    labels repeat (``x = 1, x = 2``, solutions of one variable) or a value is a list
+    (``x = \\pm 2, y = 3``), the list is unordered and where both parts carry a label the labels
+    must agree (``x = 1, y = 2`` !=
     ``x = 2, y = 1``, ``AB = 4, CD = 5`` != ``AB = 5, CD = 4``). Two labels that name ratios must
     agree even alone, a reversed ratio being the usual slip: ``A:B = 2:3`` != ``B:A = 2:3``,
     ``\\frac{NO}{BO} = \\frac12`` != ``\\frac{BO}{NO} = \\frac12``. ``k = -\\frac{33}{2} = -16.5`` is
@@ -83,7 +117,8 @@ Equivalence policy
     a linear ``\\ne`` (``\\neq``, ``!=``, the sign): ``x \\ne 3`` ==
     ``(-\\infty,3)\\cup(3,\\infty)``, never ``3`` or ``x = 3``; ``x \\in S`` answers ``S``.
   * Comma (or semicolon) lists and ``\\{...\\}`` sets are unordered and must match exactly (no
-    subset, no superset; duplicates collapse; a one-element set equals its element):
+    subset, no superset; duplicates collapse; a one-element set equals its element; a list of
+    distinct labels is the labelled tuple above):
     ``2, 3, \\text{ and } 4`` is the list 2, 3, 4; ``a \\pm b`` is the list a+b, a-b (so
     ``\\pm 2`` is wrong for ``2``). A tuple is never equal to a set. A semicolon separates like a
     comma, at the top level and inside brackets (``1; 2`` == ``1, 2``, ``(1; 2)`` == ``(1, 2)``,
@@ -99,7 +134,10 @@ Equivalence policy
   * Text answers (``\\text{Evelyn}``, ``\\text{(C)}``) compare case-insensitively after
     unwrapping ``\\text``, spaces and a pair of parentheses: ``\\text{(C)}`` == ``C``.
   * Equations with variables (``y=2x+3``, ``5x-7y+11z+4=0``) compare as equations: same
-    variables and left-minus-right sides proportional by a non-zero constant.
+    variables and left-minus-right sides proportional by a non-zero constant. An equation whose
+    left side is a lone variable that its right side does not use names that expression, so it
+    answers the bare expression and the other way round (``y = x^2+2x+1`` == ``(x+1)^2``);
+    ``x = 2x + 3``, ``2y = 4x + 6`` or ``x^2+2x+1 = y`` against ``2x+3`` / ``x^2+2x+1`` stay wrong.
   * A reference answer that cannot be parsed falls back to exact equality of normalized strings
     (whitespace, ``$``, ``\\left``/``\\right`` and spacing removed); it never rewards anything else.
 
@@ -108,7 +146,7 @@ Safety (bounded by construction)
     1500 tree nodes, 300-digit literals, exact results up to 12000 bits, integer exponents whose
     result would exceed that are refused (never computed), factorials up to 1000!, irrational
     magnitudes within 10^±4000, trig arguments up to 10^6, 16 variables, 64 list items (and 64
-    terms of a ratio).
+    terms of a ratio, and the last 64 boxes at most for several final boxes).
     Anything beyond a cap, any unknown command (``\\int``, ``\\sum``, ``\\lim``, ...) and any
     control character is refused: the answer scores 0. No randomness and no dependence on hash
     order: same input, same output in every process. ``TimedVerifier`` adds a hard wall-clock
@@ -124,6 +162,7 @@ import multiprocessing
 import re
 import signal
 import threading
+from collections import deque
 from fractions import Fraction
 
 from mpmath.ctx_mp import MPContext
@@ -243,22 +282,29 @@ def _extract(text):
         pass
     if last is None:
         return None
+    return _box_content(text, last)[0]
+
+
+def _box_content(text, box):
+    """(content, end) of the box whose command ``box`` (a match of _BOX_RE) starts, or
+    (None, end) when it is empty or unbalanced."""
     n = len(text)
-    k = _skip_space(text, last.end())
+    k = _skip_space(text, box.end())
     if k < n and text[k] == "{":
         e = _match_group(text, k)
         if e < 0:
-            return None
+            return None, n
         content = text[k + 1:e - 1]
     else:
         m = re.match(r"[^\s$]+", text[k:k + 200])
         if not m:
-            return None
+            return None, k
         content = m.group().rstrip(".,;")
+        e = k + m.end()
     content = _strip_wrappers(content)
     if not content or _CTRL_RE.search(content):
-        return None
-    return content
+        return None, e
+    return content, e
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,7 +315,13 @@ _UNICODE = [
     ("\u2260", "\\ne "), ("\u2248", "\\approx "),
     ("\u221e", "\\infty "), ("\u03c0", "\\pi "), ("\u221a", "\\sqrt "),
     ("\u222a", "\\cup "), ("\u00b1", "\\pm "), ("\u00b0", ""), ("\u20ac", ""), ("\u00a3", ""),
+    ("\u00b2", "^2"), ("\u00b3", "^3"),
 ]
+# The square or cubic metre written with a superscript sign right after a number (1,000.99m²,
+# 5 m³), at the end of the answer or of a list item, is a unit: the one single letter read as a
+# unit, since that sign is unit typography (m^2 stays a variable squared, and so does x²)
+_METRE_POWER_RE = re.compile(
+    "(?<=[0-9}]) ?m[\u00b2\u00b3](?![A-Za-z0-9])(?=\\s*(?:$|[,;)\\]]|\\\\\\}))")
 _LEFTRIGHT_RE = re.compile(
     r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|Biggl|Biggr|big|Big|bigg|Bigg)"
     r"(?![A-Za-z])\s*(\\[{}|]|\\[lr](?:brace|vert|angle|floor|ceil)|[()\[\]|.])")
@@ -356,6 +408,8 @@ def _clean(s):
     if not isinstance(s, str) or len(s) > MAX_ANSWER_CHARS or _CTRL_RE.search(s):
         raise _Refuse
     s = _strip_wrappers(re.sub(r"\s+", " ", s))
+    if "m\u00b2" in s or "m\u00b3" in s:
+        s = _METRE_POWER_RE.sub("", s)
     for a, b in _UNICODE:
         if a in s:
             s = s.replace(a, b)
@@ -1374,6 +1428,8 @@ def _safe_value(node, env):
 
 
 def _expr_equal(g, p):
+    if g[0] == "n" and p[0] == "n":  # two rationals: the common case of list parts, exactly
+        return g[1] == p[1]
     vg, vp = _vars(g), _vars(p)
     if vg != vp:
         return False
@@ -1903,15 +1959,36 @@ def _analyze(s):
             raise _Refuse
         c = _item(it)
         canons.append(c if label is None else ("lab", label, c))
+    return _combine(canons)
+
+
+def _part_label(c):
+    """The label of one part of a list, or None: x in x = 5 (any label naming one value), y in the
+    equation y = 2x + 3 (a lone variable that its right side does not use)."""
+    if c[0] == "lab" and c[2][0] != "uset":
+        return c[1]
+    if c[0] == "eq" and c[1][0] == "v" and c[1][1] not in _vars(c[2]):
+        return c[1][1]
+    return None
+
+
+def _combine(canons):
+    """The answer made of the parts of a top-level list. Parts that all carry distinct labels
+    (x = 5, y = 5) make a labelled tuple ('ltup', labels, parts): ordered, duplicates kept. Any
+    other list is unordered ('uset', parts, 'list'); the mark tells a written list from a set or a
+    \\pm, since only a written list (or a tuple) may answer a labelled tuple in its order."""
     if len(canons) == 1:
         return canons[0]
+    keys = [_part_label(c) for c in canons]
+    if None not in keys and len(set(keys)) == len(keys):
+        return ("ltup", tuple(keys), tuple(canons))
     flat = []
     for c in canons:
         if c[0] == "uset":
             flat.extend(c[1])
         else:
             flat.append(c)
-    return ("uset", tuple(flat))
+    return ("uset", tuple(flat), "list")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1982,8 +2059,48 @@ def _ratio_label(c):
     return isinstance(c[1], tuple)
 
 
+def _tuple_parts(c):
+    """(labels, parts) of a labelled tuple: x = 5, y = 5, or (x, y) = (5, 5); else None."""
+    if c[0] == "ltup":
+        return c[1], c[2]
+    if (c[0] == "lab" and isinstance(c[1], str) and c[1][:1] == "(" and c[2][0] == "seq"
+            and c[2][1:3] == ("(", ")")):
+        names = tuple(c[1][1:-1].split(","))
+        if len(names) == len(c[2][3]) and len(set(names)) == len(names):
+            return names, c[2][3]
+    return None
+
+
+def _same_ltup(a, b):
+    """A labelled tuple against another answer (a is the reference). Labels on both sides: the
+    same labels with equal values, in any order. A labelled reference against a written list or
+    a tuple: the same number of parts, in the reference's order (a part's own label, if any,
+    must agree), never fewer parts and never a duplicate dropped. A labelled answer against an
+    unlabelled reference list: that list's rule (unordered, where both carry labels they agree).
+    Anything else (one value, a set, \\pm, a labelled answer for a tuple) is not equal."""
+    ta, tb = _tuple_parts(a), _tuple_parts(b)
+    if ta is not None and tb is not None:
+        if len(ta[0]) != len(tb[0]) or set(ta[0]) != set(tb[0]):
+            return False
+        other = dict(zip(*tb))
+        return all(_same(x, other[k]) for k, x in zip(*ta))
+    if a[0] == "ltup":
+        if b[0] == "uset" and b[2:] == ("list",):
+            items = b[1]
+        elif b[0] == "seq" and b[1:3] == ("(", ")"):
+            items = b[3]
+        else:
+            return False
+        return len(items) == len(a[2]) and all(_same_part(x, y) for x, y in zip(a[2], items))
+    if a[0] == "uset":
+        return _match_unordered(_parts(a[1]), _parts(b[2]), _same_part)
+    return False
+
+
 def _same(a, b):
     ka, kb = a[0], b[0]
+    if ka == "ltup" or kb == "ltup":
+        return _same_ltup(a, b)
     # A label names the quantity: alone it is presentation (x = 5 == y = 5 == 5). In lists,
     # labels pair values with quantities: where both parts carry one, the labels must agree
     # (x = 1, y = 2 != x = 2, y = 1; AB = 4, CD = 5 == 4, 5). A greedy match under this rule
@@ -2029,6 +2146,13 @@ def _same(a, b):
         return _expr_equal(a[1], b[1])
     if ka == "eq" and kb == "eq":
         return _eq_equal(a, b)
+    if {ka, kb} == {"eq", "expr"}:
+        # y = x^2 + 2x + 1 answers x^2 + 2x + 1 (either way round): a lone variable on the left
+        # that the right side does not use names the expression; x = 2x + 3 stays an equation
+        e, x = (a, b) if ka == "eq" else (b, a)
+        if e[1][0] == "v" and e[1][1] not in _vars(e[2]):
+            return _expr_equal(e[2], x[1])
+        return False
     if ka == "based" and kb == "based":
         return a[1] == b[1] and a[2] == b[2]
     if ka == "text" and kb == "text":
@@ -2049,6 +2173,32 @@ def is_equivalent(pred, gold):
         return False
 
 
+_DECIMAL_GOLD_RE = re.compile(r"[+-]?[0-9]*\.[0-9]+")
+# one comma (plain or {,}) between digits, an optional \$ before, and no digit, comma or
+# semicolon after it (a unit may follow)
+_DECIMAL_COMMA_RE = re.compile(r"(\\\$\s*)?([+-]?)([0-9]+)(?:,|\{,\})([0-9]+)([^0-9,;]*)")
+_THOUSANDS_HEAD_RE = re.compile(r"[1-9][0-9]{0,2}")
+
+
+def _decimal_comma(pred, gold):
+    """``pred`` rewritten with a decimal point, when ``gold`` is a plain decimal (``2.74``) and
+    ``pred`` one number whose single comma cannot group thousands (``2,74``, ``1000,99``,
+    ``0,111``, ``1{,}5``; not ``2,740``, which is 2740); else None."""
+    try:
+        g = _clean(gold)
+    except _Refuse:
+        return None
+    if not _DECIMAL_GOLD_RE.fullmatch(g):
+        return None
+    m = _DECIMAL_COMMA_RE.fullmatch(_strip_wrappers(re.sub(r"\s+", " ", pred)))
+    if m is None:
+        return None
+    cur, sign, head, tail, rest = m.groups()
+    if _THOUSANDS_HEAD_RE.fullmatch(head) and len(tail) == 3:
+        return None  # 2,740 groups thousands
+    return (cur or "") + sign + head + "." + tail + rest
+
+
 def _is_equivalent(pred, gold):
     if not isinstance(pred, str) or not isinstance(gold, str):
         return False
@@ -2063,11 +2213,71 @@ def _is_equivalent(pred, gold):
     if g[0] == "text":
         return _text_key(pred) == g[1]
     p = _analyze_cached(pred)
-    if p is None:
-        return False
-    if p[0] == "text":
+    if p is not None and p[0] == "text":
         return _text_key(gold) == p[1]
-    return bool(_same(g, p))
+    if p is not None and _same(g, p):
+        return True
+    if "," in pred:
+        # a decimal comma, decided by the reference: only a plain decimal reference reads one
+        dec = _decimal_comma(pred, gold)
+        p = _analyze_cached(dec) if dec is not None else None
+        return p is not None and p[0] == "expr" and bool(_same(g, p))
+    return False
+
+
+def _gold_parts(g):
+    """How many parts a reference list has (a labelled tuple's parts, a list's distinct parts),
+    or 0 when the reference is not a list of at least two parts."""
+    if g is None:
+        return 0
+    if g[0] == "ltup":
+        return len(g[2])
+    if g[0] == "uset":
+        return len(_dedup(_parts(g[1])))
+    return 0
+
+
+def _last_boxes(text, k):
+    """The contents of the last k boxes of the response (each read as extract_final_answer reads
+    the last one), or None when there are fewer, one is empty or unbalanced, or one holds the
+    next (``\\boxed{\\boxed{5}}`` is one box)."""
+    if len(text) > MAX_RESPONSE_CHARS:
+        text = text[-MAX_RESPONSE_CHARS:]
+    starts = deque(_BOX_RE.finditer(text), maxlen=k)
+    if len(starts) < k:
+        return None
+    out = []
+    for j, m in enumerate(starts):
+        content, end = _box_content(text, m)
+        if content is None or (j + 1 < k and end > starts[j + 1].start()):
+            return None
+        out.append(content)
+    return out
+
+
+def _several_boxes(text, gold):
+    """For a reference list of k parts whose last box alone was not equal: the last k boxes
+    taken together, each one part, as one list (``\\boxed{(2,2)}`` and ``\\boxed{(6,2)}`` for
+    ``(2,2), (6,2)``); the joined answer when it equals the reference, else None."""
+    if not isinstance(gold, str) or _INT_RE.fullmatch(gold) or not _last_boxes(text, 2):
+        return None  # the common cases, decided without parsing: one integer, one box
+    k = _gold_parts(_analyze_cached(gold))
+    if not 2 <= k <= MAX_ITEMS:
+        return None
+    boxes = _last_boxes(text, k)
+    if boxes is None:
+        return None
+    canons = []
+    for b in boxes:
+        if len(b) > MAX_ANSWER_CHARS or _CTRL_RE.search(b):
+            return None
+        c = _analyze_cached(b)
+        if c is None or c[0] in ("uset", "ltup") or c[0] == "lab" and c[2][0] == "uset":
+            return None  # a box of several parts: the boxes would not be k parts
+        canons.append(c)
+    if not _same(_analyze_cached(gold), _combine(canons)):
+        return None
+    return ", ".join(boxes)
 
 
 def score(response, gold):
@@ -2077,6 +2287,10 @@ def score(response, gold):
         if ans is None:
             return (0.0, None, "no_answer")
         ok = is_equivalent(ans, gold)
+        if not ok:
+            joined = _several_boxes(response, gold)
+            if joined is not None:
+                return (1.0, joined, "correct")
         return (1.0 if ok else 0.0, ans, "correct" if ok else "wrong")
     except Exception:  # never raise
         return (0.0, None, "no_answer")
