@@ -120,10 +120,10 @@ def _clipped_step(model_dir, aggregation, max_grad_norm):
 
 
 def test_token_mean_and_dr_grpo_take_the_spec_step_when_the_clip_is_active_for_both(tiny_model_dir):
-    """Grad norms here: spec 8.14, token_mean 8.14/4, dr_grpo 8.14/8 (factors G/sum L = 4/16 and
+    """Grad norms here: spec 7.86, token_mean 7.86/4, dr_grpo 7.86/8 (factors G/sum L = 4/16 and
     1/max_new_tokens = 1/8). Clip 0.5 is active for all three: the same clipped gradient, the same step."""
     spec_norm, spec_grad, spec_weights = _clipped_step(tiny_model_dir, "sequence_sum", 0.5)
-    assert spec_norm == pytest.approx(8.138, abs=1e-3)
+    assert spec_norm == pytest.approx(7.861, abs=1e-3)  # the tiny model's, measured: above every clip below
     for aggregation, factor in (("token_mean", 4 / 16), ("dr_grpo", 4 / 32)):
         norm, grad, weights = _clipped_step(tiny_model_dir, aggregation, 0.5)
         assert norm == pytest.approx(spec_norm * factor, rel=1e-5) and norm > 0.5  # clipped in both
