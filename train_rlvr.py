@@ -1813,24 +1813,31 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
     grad norm (before clipping) and the update norm on a log scale, the response tokens; and when the
     run was evaluated, accuracy per level before and after with the 95 % Wilson intervals."""
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     phases = list(dict.fromkeys(r["phase"] for r in eval_records))
-    fig = Figure(figsize=(9, 11 if phases else 8.5), layout="constrained")
+    fig = Figure(figsize=(10, 11 if phases else 8.5), layout="constrained")
     axes = fig.subplots(4 if phases else 3, 1)
+    for ax in axes[1:3]:  # one step sits at one x on every step panel (a log panel ends at its last nonzero value)
+        ax.sharex(axes[0])
     steps = [m["step"] for m in metrics]
     g = metrics[0]["group_size"] if metrics else 8
     flat = [m["reward_std"] == 0 for m in metrics]
-    axes[0].bar(steps, [m["correct"] for m in metrics], color=["0.7" if f else "tab:green" for f in flat],
-                label="correct rollouts")
-    axes[0].plot([s for s, f in zip(steps, flat) if f], [0] * sum(flat), "x", color="tab:red",
-                 label="zero-variance group (no gradient)")
-    axes[0].set(ylabel=f"correct / {g}", ylim=(0, g), title="rewards per step")
+    axes[0].bar(steps, [m["correct"] for m in metrics], color=["0.7" if f else "tab:green" for f in flat])
+    # unclipped: a cross at 0 would be cut in half by the axis
+    axes[0].plot([s for s, f in zip(steps, flat) if f], [0] * sum(flat), "x", color="tab:red", clip_on=False)
+    outside = dict(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, fontsize="small")  # no data under it
+    # the bars are one artist of two colours: the legend names each colour itself
+    axes[0].legend([Patch(color="tab:green"), (Patch(color="0.7"), Line2D([], [], ls="", marker="x", color="tab:red"))],
+                   ["correct rollouts", "zero-variance group (no gradient)"], **outside)
+    axes[0].set(xlabel="step", ylabel=f"correct / {g}", ylim=(0, g), title="rewards per step")
     def positive(x):  # a log axis has no 0 (a zero-variance group's gradient): a gap, not a line to the edge
         return float(x) if x is not None and float(x) > 0 else float("nan")
 
     axes[1].plot(steps, [positive(m["grad_norm"]) for m in metrics], ".-", label="grad norm (before clipping)")
     axes[1].plot(steps, [positive(m["update_norm"]) for m in metrics], ".-", label="update norm")
-    axes[1].set(yscale="log", ylabel="norm", title="gradient and update (log scale; 0 not drawn)")
+    axes[1].set(yscale="log", xlabel="step", ylabel="norm", title="gradient and update (log scale; 0 not drawn)")
     axes[2].plot(steps, [m["response_tokens"] for m in metrics], ".-", color="tab:purple")
     axes[2].set(ylabel="tokens", xlabel="step", title="response tokens per step (the whole group)")
     if phases:
@@ -1845,11 +1852,13 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
             axes[3].errorbar(x, acc, yerr=errors, fmt="o", capsize=3, label=phase)
         axes[3].set_xticks(range(len(groups)), [g["group"] for g in groups])
         axes[3].set_xlim(-0.5, len(groups) - 0.5)
-        axes[3].set(ylabel="accuracy", ylim=(0, 1), title="evaluation accuracy with 95 % Wilson intervals")
+        # headroom: a marker at 0 or 1 (100 %) would be cut in half by the edge of the axis
+        axes[3].set(xlabel="evaluation problems: overall and per level", ylabel="accuracy", ylim=(-0.05, 1.05),
+                    yticks=[0, 0.2, 0.4, 0.6, 0.8, 1], title="evaluation accuracy with 95 % Wilson intervals")
     for ax in axes:
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
+        if ax is not axes[0] and ax.get_legend_handles_labels()[0]:
+            ax.legend(**outside)
     return fig
 
 
