@@ -1881,9 +1881,11 @@ def token_figure(records: list[dict]):
     before; blue up, red down, white unchanged), and the mean change inside its last \\boxed{} (the
     answer) against the rest (the filler): where the credit went."""
     from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import RendererAgg
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
+    from matplotlib.font_manager import FontProperties
 
     last = [r for r in records if r["step"] == records[-1]["step"]]
     rec = max(last, key=lambda r: (r["reward"], -r["rollout"]))
@@ -1904,21 +1906,38 @@ def token_figure(records: list[dict]):
             x, y = 0, y + 1
         lines.append((x, y, shown, c))
         x += len(shown)
-    fig = Figure(figsize=(11, 1.6 + 0.22 * (y + 1)), layout="constrained")
-    ax = fig.add_subplot()
-    ax.set(xlim=(0, cols), ylim=(y + 1, -0.5))
+    rows, used = y + 1, max(x + len(shown) for x, _, shown, _ in lines)
+    # Laid out by hand in inches, the figure as big as its text: one x unit is one character of the
+    # monospaced font, one y unit one row. The character's width is measured as tokens.png is saved (100
+    # dpi): hinting rounds each advance to whole pixels (0.63 em there, not the font's 0.602).
+    size, row_h, dpi = 8, 0.22, 100
+    char_w = RendererAgg(1, 1, dpi).get_text_width_height_descent(
+        "0" * cols, FontProperties(family="monospace", size=size), ismath=False)[0] / cols / dpi
+    width = max(used * char_w, 6.6)  # at least the title's width
+    title_h, text_h, bar_h, margin = 0.62, rows * row_h, 0.12, 0.15
+    fig_w, fig_h = width + 2 * margin, margin + title_h + text_h + 0.3 + bar_h + 0.5
+    fig = Figure(figsize=(fig_w, fig_h), dpi=dpi)
+    ax = fig.add_axes([margin / fig_w, 1 - (margin + title_h + text_h) / fig_h, width / fig_w, text_h / fig_h])
+    ax.set(xlim=(0, width / char_w), ylim=(rows, 0))
     ax.axis("off")
     cmap, norm = colormaps["RdBu"], Normalize(-scale, scale)
+
+    def ink(rgba):
+        """Black or white, whichever contrasts more with the cell (WCAG relative luminance)."""
+        lum = sum(w * (v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4)
+                  for w, v in zip((0.2126, 0.7152, 0.0722), rgba[:3]))
+        return "white" if (1.05 / (lum + 0.05)) > ((lum + 0.05) / 0.05) else "black"
+
     for x, y, shown, c in lines:
-        ax.text(x, y, shown, family="monospace", fontsize=8, va="top",
-                bbox=dict(facecolor=cmap(norm(c)), edgecolor="none", pad=0.6))
-    mean = lambda v: f"{sum(v) / len(v):+.4f} ({len(v)} tokens)" if v else "none"  # noqa: E731
+        ax.text(x, y + 0.5, shown, family="monospace", fontsize=size, va="center", color=ink(cmap(norm(c))),
+                parse_math=False, bbox=dict(facecolor=cmap(norm(c)), edgecolor="none", pad=0.6))  # $ is text
+    mean = lambda v: f"{sum(v) / len(v):+.4f} ({len(v)} token{'s' * (len(v) != 1)})" if v else "none"  # noqa: E731
     ax.set_title(f"step {rec['step']}, problem {rec['problem_index']}, rollout {rec['rollout']}: reward "
-                 f"{rec['reward']:g}, advantage {rec['advantage']:+.3f}; change of each token's log-probability "
-                 f"over the step\nmean change inside the last \\boxed{{}}: {mean(inside)}; elsewhere: {mean(outside)}",
-                 fontsize=9, loc="left")
-    fig.colorbar(ScalarMappable(norm, cmap), ax=ax, orientation="horizontal", fraction=0.08, aspect=60,
-                 label="log-probability after - before")
+                 f"{rec['reward']:g}, advantage {rec['advantage']:+.3f}\nbackground: the change of each token's "
+                 f"log-probability over the step\nmean change inside the last \\boxed{{}}: {mean(inside)}; "
+                 f"elsewhere: {mean(outside)}", fontsize=9, loc="left", pad=0.1 * 72)
+    bar = fig.add_axes([margin / fig_w, 0.5 / fig_h, width / fig_w, bar_h / fig_h])
+    fig.colorbar(ScalarMappable(norm, cmap), cax=bar, orientation="horizontal", label="log-probability after - before")
     return fig
 
 
