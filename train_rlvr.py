@@ -1911,13 +1911,20 @@ def token_figure(records: list[dict]):
     # monospaced font, one y unit one row. The character's width is measured as tokens.png is saved (100
     # dpi): hinting rounds each advance to whole pixels (0.63 em there, not the font's 0.602).
     size, row_h, dpi = 8, 0.22, 100
-    char_w = RendererAgg(1, 1, dpi).get_text_width_height_descent(
-        "0" * cols, FontProperties(family="monospace", size=size), ismath=False)[0] / cols / dpi
-    width = max(used * char_w, 6.6)  # at least the title's width
-    title_h, text_h, bar_h, margin = 0.62, rows * row_h, 0.12, 0.15
-    fig_w, fig_h = width + 2 * margin, margin + title_h + text_h + 0.3 + bar_h + 0.5
+    mean = lambda v: f"{sum(v) / len(v):+.4f} ({len(v)} token{'s' * (len(v) != 1)})" if v else "none"  # noqa: E731
+    title = (f"step {rec['step']}, problem {rec['problem_index']}, rollout {rec['rollout']}: reward {rec['reward']:g}, "
+             f"advantage {rec['advantage']:+.3f}\nbackground: the change of each token's log-probability over the "
+             f"step\nmean change inside the last \\boxed{{}}: {mean(inside)}; elsewhere: {mean(outside)}")
+
+    def inches(text, **font):
+        return RendererAgg(1, 1, dpi).get_text_width_height_descent(text, FontProperties(**font), ismath=False)[0] / dpi
+
+    char_w = inches("0" * cols, family="monospace", size=size) / cols
+    width = max(used * char_w, *(inches(line, size=9) + 0.05 for line in title.split("\n")))  # the text or the title
+    title_h, text_h, bar_h, margin, side = 0.62, rows * row_h, 0.12, 0.15, 0.3  # side: the colour bar's end labels
+    fig_w, fig_h = width + 2 * side, margin + title_h + text_h + 0.3 + bar_h + 0.5
     fig = Figure(figsize=(fig_w, fig_h), dpi=dpi)
-    ax = fig.add_axes([margin / fig_w, 1 - (margin + title_h + text_h) / fig_h, width / fig_w, text_h / fig_h])
+    ax = fig.add_axes([side / fig_w, 1 - (margin + title_h + text_h) / fig_h, width / fig_w, text_h / fig_h])
     ax.set(xlim=(0, width / char_w), ylim=(rows, 0))
     ax.axis("off")
     cmap, norm = colormaps["RdBu"], Normalize(-scale, scale)
@@ -1931,12 +1938,8 @@ def token_figure(records: list[dict]):
     for x, y, shown, c in lines:
         ax.text(x, y + 0.5, shown, family="monospace", fontsize=size, va="center", color=ink(cmap(norm(c))),
                 parse_math=False, bbox=dict(facecolor=cmap(norm(c)), edgecolor="none", pad=0.6))  # $ is text
-    mean = lambda v: f"{sum(v) / len(v):+.4f} ({len(v)} token{'s' * (len(v) != 1)})" if v else "none"  # noqa: E731
-    ax.set_title(f"step {rec['step']}, problem {rec['problem_index']}, rollout {rec['rollout']}: reward "
-                 f"{rec['reward']:g}, advantage {rec['advantage']:+.3f}\nbackground: the change of each token's "
-                 f"log-probability over the step\nmean change inside the last \\boxed{{}}: {mean(inside)}; "
-                 f"elsewhere: {mean(outside)}", fontsize=9, loc="left", pad=0.1 * 72)
-    bar = fig.add_axes([margin / fig_w, 0.5 / fig_h, width / fig_w, bar_h / fig_h])
+    ax.set_title(title, fontsize=9, loc="left", pad=0.1 * 72)
+    bar = fig.add_axes([side / fig_w, 0.5 / fig_h, width / fig_w, bar_h / fig_h])
     fig.colorbar(ScalarMappable(norm, cmap), cax=bar, orientation="horizontal", label="log-probability after - before")
     return fig
 

@@ -581,9 +581,9 @@ def test_tokens_png_text_is_readable_on_every_cell_and_nothing_overlaps():
 
 def test_tokens_png_counts_in_words_and_is_as_big_as_its_text():
     pytest.importorskip("matplotlib", reason="requirements-test.txt installs matplotlib")
-    one = T.token_figure([_token_record(1, [" \\boxed{7}"], [0.25])])
+    one = T.token_figure([_token_record(1, [" \\boxed{7}"], [0.3])])  # a tick label at each end of the bar
     title = one.axes[0].get_title(loc="left")
-    assert "\\boxed{}: +0.2500 (1 token); elsewhere: none" in title and "1 tokens" not in title
+    assert "\\boxed{}: +0.3000 (1 token); elsewhere: none" in title and "1 tokens" not in title
     two = T.token_figure([_token_record(1, [" \\boxed{7}", "<|im_end|>", " so"], [0.25, 0.5, -0.5])])
     assert "\\boxed{}: +0.2500 (1 token); elsewhere: +0.0000 (2 tokens)" in two.axes[0].get_title(loc="left")
     w1, h1 = one.get_size_inches()

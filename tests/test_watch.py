@@ -246,7 +246,8 @@ def test_run_png_names_every_axis_and_hides_nothing(evaluated):
     flat = {tuple(p.get_facecolor()) for p, m in zip(axes[0].patches, metrics) if m["reward_std"] == 0}
     varied = bars - flat
     assert len(flat) == len(varied) == 1
-    assert named.get(flat.pop()) == "zero-variance group (no gradient)" and named.get(varied.pop()) == "correct rollouts"
+    assert named.get(flat.pop()) == "zero-variance group (no gradient)"
+    assert named.get(varied.pop()) == "correct rollouts"
     # no legend over any data: each lies outside every Axes, inside the figure
     legends = [ax.get_legend() for ax in axes if ax.get_legend()]
     assert len(legends) == (3 if evaluated else 2)
