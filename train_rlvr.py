@@ -1825,8 +1825,9 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
     g = metrics[0]["group_size"] if metrics else 8
     flat = [m["reward_std"] == 0 for m in metrics]
     axes[0].bar(steps, [m["correct"] for m in metrics], color=["0.7" if f else "tab:green" for f in flat])
-    # unclipped: a cross at 0 would be cut in half by the axis
-    axes[0].plot([s for s, f in zip(steps, flat) if f], [0] * sum(flat), "x", color="tab:red", clip_on=False)
+    if any(flat):  # unclipped: a cross at 0 would be cut in half by the axis (and an empty unclipped line
+        # has no extent: constrained layout would collapse every panel)
+        axes[0].plot([s for s, f in zip(steps, flat) if f], [0] * sum(flat), "x", color="tab:red", clip_on=False)
     outside = dict(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, fontsize="small")  # no data under it
     # the bars are one artist of two colours: the legend names each colour itself
     axes[0].legend([Patch(color="tab:green"), (Patch(color="0.7"), Line2D([], [], ls="", marker="x", color="tab:red"))],

@@ -233,6 +233,7 @@ def test_run_png_names_every_axis_and_hides_nothing(evaluated):
     assert len(axes) == (4 if evaluated else 3)
     for ax in axes:
         assert ax.get_xlabel() and ax.get_ylabel(), ax.get_title()
+        assert ax.get_window_extent().height > fig.dpi, ax.get_title()  # laid out: each panel over an inch tall
     assert [ax.get_xlabel() for ax in axes[:3]] == ["step"] * 3
     assert axes[0].get_xlim() == axes[1].get_xlim() == axes[2].get_xlim()  # a step at one x on every panel
     # the legend names both colours of the bars, the grey of the zero-variance groups among them
@@ -261,6 +262,20 @@ def test_run_png_names_every_axis_and_hides_nothing(evaluated):
     if evaluated:
         after = axes[3].get_lines()[-1]
         assert list(after.get_ydata()) == [1.0] * 4 and axes[3].get_ylim()[1] > 1
+
+
+def test_run_png_lays_out_a_run_without_zero_variance_steps():
+    import warnings
+
+    metrics, evals = _hand_made_run()
+    metrics = [{**m, "correct": 4, "reward_std": 0.5, "grad_norm": 3.0, "update_norm": 0.01} for m in metrics[:3]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns when constrained layout gives up
+        fig = _drawn(T.run_figure(metrics, evals))
+    for ax in fig.axes:
+        assert ax.get_window_extent().height > fig.dpi, ax.get_title()  # each panel over an inch tall
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+        "correct rollouts", "zero-variance group (no gradient)"]
 
 
 def test_run_png_is_the_same_bytes_for_the_same_logs():
