@@ -2002,24 +2002,32 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
     grad norm (before clipping) and the update norm on a log scale, the response tokens; and when the
     run was evaluated, accuracy per level before and after with the 95 % Wilson intervals."""
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     phases = list(dict.fromkeys(r["phase"] for r in eval_records))
-    fig = Figure(figsize=(9, 11 if phases else 8.5), layout="constrained")
+    fig = Figure(figsize=(10, 11 if phases else 8.5), layout="constrained")
     axes = fig.subplots(4 if phases else 3, 1)
+    for ax in axes[1:3]:  # one step sits at one x on every step panel (a log panel ends at its last nonzero value)
+        ax.sharex(axes[0])
     steps = [m["step"] for m in metrics]
     g = metrics[0]["group_size"] if metrics else 8
     flat = [m["reward_std"] == 0 for m in metrics]
-    axes[0].bar(steps, [m["correct"] for m in metrics], color=["0.7" if f else "tab:green" for f in flat],
-                label="correct rollouts")
-    axes[0].plot([s for s, f in zip(steps, flat) if f], [0] * sum(flat), "x", color="tab:red",
-                 label="zero-variance group (no gradient)")
-    axes[0].set(ylabel=f"correct / {g}", ylim=(0, g), title="rewards per step")
+    axes[0].bar(steps, [m["correct"] for m in metrics], color=["0.7" if f else "tab:green" for f in flat])
+    if any(flat):  # unclipped: a cross at 0 would be cut in half by the axis (and an empty unclipped line
+        # has no extent: constrained layout would collapse every panel)
+        axes[0].plot([s for s, f in zip(steps, flat) if f], [0] * sum(flat), "x", color="tab:red", clip_on=False)
+    outside = dict(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, fontsize="small")  # no data under it
+    # the bars are one artist of two colours: the legend names each colour itself
+    axes[0].legend([Patch(color="tab:green"), (Patch(color="0.7"), Line2D([], [], ls="", marker="x", color="tab:red"))],
+                   ["correct rollouts", "zero-variance group (no gradient)"], **outside)
+    axes[0].set(xlabel="step", ylabel=f"correct / {g}", ylim=(0, g), title="rewards per step")
     def positive(x):  # a log axis has no 0 (a zero-variance group's gradient): a gap, not a line to the edge
         return float(x) if x is not None and float(x) > 0 else float("nan")
 
     axes[1].plot(steps, [positive(m["grad_norm"]) for m in metrics], ".-", label="grad norm (before clipping)")
     axes[1].plot(steps, [positive(m["update_norm"]) for m in metrics], ".-", label="update norm")
-    axes[1].set(yscale="log", ylabel="norm", title="gradient and update (log scale; 0 not drawn)")
+    axes[1].set(yscale="log", xlabel="step", ylabel="norm", title="gradient and update (log scale; 0 not drawn)")
     axes[2].plot(steps, [m["response_tokens"] for m in metrics], ".-", color="tab:purple")
     axes[2].set(ylabel="tokens", xlabel="step", title="response tokens per step (the whole group)")
     if phases:
@@ -2034,11 +2042,13 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
             axes[3].errorbar(x, acc, yerr=errors, fmt="o", capsize=3, label=phase)
         axes[3].set_xticks(range(len(groups)), [g["group"] for g in groups])
         axes[3].set_xlim(-0.5, len(groups) - 0.5)
-        axes[3].set(ylabel="accuracy", ylim=(0, 1), title="evaluation accuracy with 95 % Wilson intervals")
+        # headroom: a marker at 0 or 1 (100 %) would be cut in half by the edge of the axis
+        axes[3].set(xlabel="evaluation problems: overall and per level", ylabel="accuracy", ylim=(-0.05, 1.05),
+                    yticks=[0, 0.2, 0.4, 0.6, 0.8, 1], title="evaluation accuracy with 95 % Wilson intervals")
     for ax in axes:
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
+        if ax is not axes[0] and ax.get_legend_handles_labels()[0]:
+            ax.legend(**outside)
     return fig
 
 
@@ -2061,9 +2071,11 @@ def token_figure(records: list[dict]):
     before; blue up, red down, white unchanged), and the mean change inside its last \\boxed{} (the
     answer) against the rest (the filler): where the credit went."""
     from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import RendererAgg
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
+    from matplotlib.font_manager import FontProperties
 
     last = [r for r in records if r["step"] == records[-1]["step"]]
     rec = max(last, key=lambda r: (r["reward"], -r["rollout"]))
@@ -2084,21 +2096,41 @@ def token_figure(records: list[dict]):
             x, y = 0, y + 1
         lines.append((x, y, shown, c))
         x += len(shown)
-    fig = Figure(figsize=(11, 1.6 + 0.22 * (y + 1)), layout="constrained")
-    ax = fig.add_subplot()
-    ax.set(xlim=(0, cols), ylim=(y + 1, -0.5))
+    rows, used = y + 1, max(x + len(shown) for x, _, shown, _ in lines)
+    # Laid out by hand in inches, the figure as big as its text: one x unit is one character of the
+    # monospaced font, one y unit one row. The character's width is measured as tokens.png is saved (100
+    # dpi): hinting rounds each advance to whole pixels (0.63 em there, not the font's 0.602).
+    size, row_h, dpi = 8, 0.22, 100
+    mean = lambda v: f"{sum(v) / len(v):+.4f} ({len(v)} token{'s' * (len(v) != 1)})" if v else "none"  # noqa: E731
+    title = (f"step {rec['step']}, problem {rec['problem_index']}, rollout {rec['rollout']}: reward {rec['reward']:g}, "
+             f"advantage {rec['advantage']:+.3f}\nbackground: the change of each token's log-probability over the "
+             f"step\nmean change inside the last \\boxed{{}}: {mean(inside)}; elsewhere: {mean(outside)}")
+
+    def inches(text, **font):
+        return RendererAgg(1, 1, dpi).get_text_width_height_descent(text, FontProperties(**font), ismath=False)[0] / dpi
+
+    char_w = inches("0" * cols, family="monospace", size=size) / cols
+    width = max(used * char_w, *(inches(line, size=9) + 0.05 for line in title.split("\n")))  # the text or the title
+    title_h, text_h, bar_h, margin, side = 0.62, rows * row_h, 0.12, 0.15, 0.3  # side: the colour bar's end labels
+    fig_w, fig_h = width + 2 * side, margin + title_h + text_h + 0.3 + bar_h + 0.5
+    fig = Figure(figsize=(fig_w, fig_h), dpi=dpi)
+    ax = fig.add_axes([side / fig_w, 1 - (margin + title_h + text_h) / fig_h, width / fig_w, text_h / fig_h])
+    ax.set(xlim=(0, width / char_w), ylim=(rows, 0))
     ax.axis("off")
     cmap, norm = colormaps["RdBu"], Normalize(-scale, scale)
+
+    def ink(rgba):
+        """Black or white, whichever contrasts more with the cell (WCAG relative luminance)."""
+        lum = sum(w * (v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4)
+                  for w, v in zip((0.2126, 0.7152, 0.0722), rgba[:3]))
+        return "white" if (1.05 / (lum + 0.05)) > ((lum + 0.05) / 0.05) else "black"
+
     for x, y, shown, c in lines:
-        ax.text(x, y, shown, family="monospace", fontsize=8, va="top",
-                bbox=dict(facecolor=cmap(norm(c)), edgecolor="none", pad=0.6))
-    mean = lambda v: f"{sum(v) / len(v):+.4f} ({len(v)} tokens)" if v else "none"  # noqa: E731
-    ax.set_title(f"step {rec['step']}, problem {rec['problem_index']}, rollout {rec['rollout']}: reward "
-                 f"{rec['reward']:g}, advantage {rec['advantage']:+.3f}; change of each token's log-probability "
-                 f"over the step\nmean change inside the last \\boxed{{}}: {mean(inside)}; elsewhere: {mean(outside)}",
-                 fontsize=9, loc="left")
-    fig.colorbar(ScalarMappable(norm, cmap), ax=ax, orientation="horizontal", fraction=0.08, aspect=60,
-                 label="log-probability after - before")
+        ax.text(x, y + 0.5, shown, family="monospace", fontsize=size, va="center", color=ink(cmap(norm(c))),
+                parse_math=False, bbox=dict(facecolor=cmap(norm(c)), edgecolor="none", pad=0.6))  # $ is text
+    ax.set_title(title, fontsize=9, loc="left", pad=0.1 * 72)
+    bar = fig.add_axes([side / fig_w, 0.5 / fig_h, width / fig_w, bar_h / fig_h])
+    fig.colorbar(ScalarMappable(norm, cmap), cax=bar, orientation="horizontal", label="log-probability after - before")
     return fig
 
 

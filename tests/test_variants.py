@@ -656,6 +656,76 @@ def test_token_report_records_each_tokens_change_and_changes_nothing_else(tmp_pa
     assert (out / "tokens.png").stat().st_size > 10_000
 
 
+def _token_record(step, tokens, changes, reward=1.0, rollout=0):
+    return dict(step=step, problem_index=3, rollout=rollout, reward=reward, advantage=0.5,
+                token_ids=list(range(len(tokens))), tokens=tokens, before=[-2.0] * len(tokens),
+                after=[-2.0 + c for c in changes])
+
+
+def _token_cells(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()  # lays it out: the extents are the PNG's, in pixels
+    return [t for ax in fig.axes for t in ax.texts if t.get_bbox_patch() is not None]
+
+
+def _contrast(a, b):
+    """WCAG contrast ratio of two colours."""
+    from matplotlib.colors import to_rgb
+
+    def lum(c):
+        return sum(w * (v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4)
+                   for w, v in zip((0.2126, 0.7152, 0.0722), to_rgb(c)))
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_tokens_png_text_is_readable_on_every_cell_and_nothing_overlaps():
+    pytest.importorskip("matplotlib", reason="requirements-test.txt installs matplotlib")
+    tokens = [" The", " answer", " is", " $48213$", ".", " So", " \\boxed{48213}", "\n"] * 12 + ["<|im_end|>"]
+    changes = [(k % 9 - 4) / 4 for k in range(len(tokens))]  # -1 .. 1: both ends of the colour map, and white
+    cells = _token_cells(T.token_figure([_token_record(2, tokens, changes)]))
+    assert [t.get_text() for t in cells] == [p.replace("\n", "\u23ce") for p in tokens]
+    for t in cells:
+        assert _contrast(t.get_color(), t.get_bbox_patch().get_facecolor()) >= 4.5, (t.get_text(), t.get_color())
+    darkest = max(cells, key=lambda t: _contrast(t.get_bbox_patch().get_facecolor(), "white"))
+    assert _contrast(darkest.get_color(), "white") == 1  # light text on the darkest cell
+    rows, px = {}, cells[0].get_window_extent().width / len(cells[0].get_text())
+    for t in cells:  # each token in its own place: its text as wide as its characters, none over its neighbour
+        rows.setdefault(t.get_position()[1], []).append(t)
+        assert abs(t.get_window_extent().width - len(t.get_text()) * px) <= 1, t.get_text()  # "$48213$" not math
+    assert len(rows) > 3
+    for row in rows.values():
+        boxes = [t.get_window_extent() for t in row]
+        for a, b in zip(boxes, boxes[1:]):
+            assert a.x1 <= b.x0 + 1
+        fig_box = row[0].figure.bbox
+        assert fig_box.x0 <= boxes[0].x0 and boxes[-1].x1 <= fig_box.x1
+
+
+def test_tokens_png_counts_in_words_and_is_as_big_as_its_text():
+    pytest.importorskip("matplotlib", reason="requirements-test.txt installs matplotlib")
+    one = T.token_figure([_token_record(1, [" \\boxed{7}"], [0.3])])  # a tick label at each end of the bar
+    title = one.axes[0].get_title(loc="left")
+    assert "\\boxed{}: +0.3000 (1 token); elsewhere: none" in title and "1 tokens" not in title
+    two = T.token_figure([_token_record(1, [" \\boxed{7}", "<|im_end|>", " so"], [0.25, 0.5, -0.5])])
+    assert "\\boxed{}: +0.2500 (1 token); elsewhere: +0.0000 (2 tokens)" in two.axes[0].get_title(loc="left")
+    w1, h1 = one.get_size_inches()
+    assert w1 < 8 and h1 < 2.5  # one short row: no wide empty page
+    heights = []
+    for rows in (1, 2, 4, 8):
+        fig = T.token_figure([_token_record(1, ["x" * 95 + "."] * rows, [0.1] * rows)])  # one token a row
+        assert len({t.get_position()[1] for t in _token_cells(fig)}) == rows
+        heights.append(fig.get_size_inches()[1])
+    grows = [b - a for a, b in zip(heights, heights[1:])]
+    assert grows[0] > 0 and grows[1] == pytest.approx(2 * grows[0]) and grows[2] == pytest.approx(4 * grows[0])
+    for fig in (one, two):  # the title, the text and the colour bar inside the figure
+        _token_cells(fig)
+        for ax in fig.axes:
+            box = ax.get_tightbbox()
+            assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
+
+
 def test_the_variants_figures_reach_the_trackers_under_trls_names():
     m = dict(step=3, group_size=4, correct=1, reward_mean=0.25, reward_std=0.5, response_tokens=20, cut_at_limit=0,
              no_answer=0, policy_loss=-0.5, grad_norm=2.0, update_norm=0.1, skipped=False, seconds=1.0,

@@ -207,6 +207,104 @@ def test_run_png_draws_the_runs_numbers(watched, tiny_model_dir, capsys):
     assert capsys.readouterr().err.strip().endswith("holds no metrics.jsonl with a step in it; pass a run's output_dir")
 
 
+def _hand_made_run():
+    """Ten steps of a group of 8 with zero-variance groups at 0 and at 8 correct, and an evaluation whose
+    "after" is 100 % on every level."""
+    correct = [2, 0, 8, 5, 8, 0, 3, 8, 6, 8]
+    metrics = [dict(step=s, group_size=8, correct=c, reward_std=0.0 if c in (0, 8) else 0.5, response_tokens=90 - s,
+                    grad_norm=0.0 if c in (0, 8) else 3.0 + s / 10, update_norm=0.0 if c in (0, 8) else 0.01)
+               for s, c in enumerate(correct, 1)]
+    evals = [dict(phase=phase, step=0 if phase == "before" else 10, sample=0, problem_index=i, level=str(1 + i % 3),
+                  subject="Algebra", reward=1.0 if phase == "after" or i % 2 else 0.0, status="ok", cut_at_limit=False,
+                  tokens=9) for phase in ("before", "after") for i in range(12)]
+    return metrics, evals
+
+
+def _drawn(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()  # lays it out: the extents below are the PNG's, in pixels
+    return fig
+
+
+def _whole_markers(ax):
+    """Every marker of the Axes' lines drawn whole: inside the Axes, or not clipped by it."""
+    box = ax.get_window_extent()
+    for line in ax.get_lines():
+        if line.get_marker() in (None, "None", "") or not line.get_clip_on():
+            continue
+        r = line.get_markersize() * ax.figure.dpi / 72 / 2
+        for x, y in ax.transData.transform(line.get_xydata()):
+            if numpy.isfinite(y):
+                assert box.x0 <= x - r and x + r <= box.x1 and box.y0 <= y - r and y + r <= box.y1, (
+                    ax.get_title(), line.get_label(), ax.transData.inverted().transform((x, y)))
+
+
+@pytest.mark.parametrize("evaluated", [True, False])
+def test_run_png_names_every_axis_and_hides_nothing(evaluated):
+    metrics, evals = _hand_made_run()
+    fig = _drawn(T.run_figure(metrics, evals if evaluated else []))
+    axes = fig.axes
+    assert len(axes) == (4 if evaluated else 3)
+    for ax in axes:
+        assert ax.get_xlabel() and ax.get_ylabel(), ax.get_title()
+        assert ax.get_window_extent().height > fig.dpi, ax.get_title()  # laid out: each panel over an inch tall
+    assert [ax.get_xlabel() for ax in axes[:3]] == ["step"] * 3
+    assert axes[0].get_xlim() == axes[1].get_xlim() == axes[2].get_xlim()  # a step at one x on every panel
+    # the legend names both colours of the bars, the grey of the zero-variance groups among them
+    bars = {tuple(p.get_facecolor()) for p in axes[0].patches}
+    legend = axes[0].get_legend()
+    named = {}
+    for handle, text in zip(legend.legend_handles, legend.get_texts()):
+        for h in handle if isinstance(handle, tuple) else (handle,):
+            if hasattr(h, "get_facecolor") and not hasattr(h, "get_marker"):
+                named[tuple(h.get_facecolor())] = text.get_text()
+    flat = {tuple(p.get_facecolor()) for p, m in zip(axes[0].patches, metrics) if m["reward_std"] == 0}
+    varied = bars - flat
+    assert len(flat) == len(varied) == 1
+    assert named.get(flat.pop()) == "zero-variance group (no gradient)"
+    assert named.get(varied.pop()) == "correct rollouts"
+    # no legend over any data: each lies outside every Axes, inside the figure
+    legends = [ax.get_legend() for ax in axes if ax.get_legend()]
+    assert len(legends) == (3 if evaluated else 2)
+    for leg in legends:
+        box = leg.get_window_extent()
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
+        for ax in axes:
+            assert not box.overlaps(ax.get_window_extent()), (leg.get_texts()[0].get_text(), ax.get_title())
+    for ax in axes:  # the crosses at 0 correct, the "after" points at 100 %
+        _whole_markers(ax)
+    if evaluated:
+        after = axes[3].get_lines()[-1]
+        assert list(after.get_ydata()) == [1.0] * 4 and axes[3].get_ylim()[1] > 1
+
+
+def test_run_png_lays_out_a_run_without_zero_variance_steps():
+    import warnings
+
+    metrics, evals = _hand_made_run()
+    metrics = [{**m, "correct": 4, "reward_std": 0.5, "grad_norm": 3.0, "update_norm": 0.01} for m in metrics[:3]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns when constrained layout gives up
+        fig = _drawn(T.run_figure(metrics, evals))
+    for ax in fig.axes:
+        assert ax.get_window_extent().height > fig.dpi, ax.get_title()  # each panel over an inch tall
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+        "correct rollouts", "zero-variance group (no gradient)"]
+
+
+def test_run_png_is_the_same_bytes_for_the_same_logs():
+    import io
+
+    metrics, evals = _hand_made_run()
+    pngs = []
+    for _ in range(2):
+        buffer = io.BytesIO()
+        T.run_figure(metrics, evals).savefig(buffer, format="png", dpi=100)
+        pngs.append(buffer.getvalue())
+    assert pngs[0] == pngs[1]
+
+
 def test_a_missing_package_is_one_line_and_nothing_fails(tiny_model_dir, tiny_data_file, tmp_path, monkeypatch,
                                                        capsys):
     real = importlib.util.find_spec
