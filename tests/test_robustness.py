@@ -506,7 +506,7 @@ def test_a_full_disk_keeps_the_steps_names_the_space_and_resumes(tiny_model_dir,
     monkeypatch.setattr(T.torch, "save", save)
     assert T.main(_args(tiny_model_dir, tiny_data_file, out, "save_every=1", "keep_last=3")) == 1
     err = capsys.readouterr().err
-    assert re.search(r"no space left in \S+checkpoints: a checkpoint needs about [0-9.]+ GB and 0\.00 GB are free", err)
+    assert re.search(r"no space left in \S+checkpoints: a checkpoint needs about [0-9.]+ kB and 4\.1 kB are free", err)
     assert "the last checkpoint is step 1; metrics.jsonl and rollouts.jsonl keep steps 1-2" in err
     assert "To continue: python train_rlvr.py" in err and "resume=auto" in err
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000001"]  # no temporary folder left
@@ -527,7 +527,7 @@ def test_too_little_free_space_is_found_before_writing(tiny_model, tmp_path):
     import unittest.mock as mock
 
     with mock.patch.object(T.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6, 1000)):
-        with pytest.raises(T.StopRun, match=r"no space left in .*a checkpoint needs about 0\.00 GB"):
+        with pytest.raises(T.StopRun, match=r"no space left in .*a checkpoint needs about [0-9.]+ kB and 1\.0 kB are free"):
             T.save_checkpoint(out, 1, model, opt, T.Config(), None)
     assert not any((out / "checkpoints").iterdir())
 
