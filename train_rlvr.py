@@ -363,9 +363,11 @@ def _utf8(raw: bytes, path: Path, what: str, line: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line += raw.count(b"\n", 0, e.start)
-        raise UserError(f"{what} file {path} is not UTF-8 text (byte {raw[e.start]:#04x} on line {line}); "
-                        "save it as UTF-8") from None
+        raise _not_utf8(path, what, raw[e.start], line + raw.count(b"\n", 0, e.start)) from None
+
+
+def _not_utf8(path: Path, what: str, byte: int, line: int) -> UserError:
+    return UserError(f"{what} file {path} is not UTF-8 text (byte {byte:#04x} on line {line}); save it as UTF-8")
 
 
 def _too_long(path: Path, what: str, where: str) -> UserError:
@@ -421,8 +423,7 @@ def json_array_records(f, path: Path, what: str, stop: int) -> list[dict]:
             new = utf8.decode(chunk, final=not chunk)
         except UnicodeDecodeError as e:
             line = lines_before + text.count("\n", pos) + chunk.count(b"\n", 0, e.start) + 1
-            raise UserError(f"{what} file {path} is not UTF-8 text (byte {chunk[e.start]:#04x} on line {line}); "
-                            "save it as UTF-8") from None
+            raise _not_utf8(path, what, chunk[e.start], line) from None
         text, pos = text[pos:] + new, 0
         return bool(chunk)
 
