@@ -9,16 +9,25 @@ response at a time, clip the gradient and take one AdamW step. One table row per
 With eval_problems > 0 it also evaluates the model on MATH-500 (greedy by default) before step 1
 and after the last step, and prints a before/after table; num_problems=0 evaluates a model only.
 
-Read top to bottom: config, data and prompt, rollouts, rewards, advantages, log-probabilities and
-loss, optimizer step, logging, evaluation, checkpoints, several processes, main. To follow one step,
-start at train_step (in main): each of the spec's moves is one call, into the sections above.
+Read top to bottom: settings, data and prompt, the model, then the spec's moves in their order
+(rollouts, rewards, advantages, log-probabilities and loss, optimizer step), then the step and the
+loop that make them one run (train_step, run). Everything after run is machinery they call by name:
+logging and trackers, evaluation, checkpoints and the output folder, faults and signals, processes
+(torchrun), main.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
+import copy
 import dataclasses
-import functools
+import datetime
+import errno
+import gzip
+import hashlib
+import importlib.util
+import inspect
 import io
 import json
 import math
@@ -28,21 +37,26 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
+import torch.distributed as dist
 import yaml
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 import verifier
 
+
 # ----------------------------------------------------------------------------------------------
-# Config
+# Settings
 
 SPEC_PROMPT = (
     "You are a helpful math assistant.\n"
@@ -88,6 +102,8 @@ class Config:
     kl_coef: float = 0.0
     ppo_epochs: int = 1
     clip_eps: float = 0.2
+    clip_eps_high: float = 0.0  # DAPO's clip-higher: the ratio's upper bound is 1 + clip_eps_high (0: clip_eps)
+    mask_truncated_completions: bool = False  # TRL's: a response cut at max_new_tokens has no term in the loss
     token_report: bool = False
     seed: int = 0
     device: str = "cuda"
@@ -121,44 +137,88 @@ class Config:
 
 # Keys that may differ between a checkpoint and the run that resumes it: none of them changes a
 # number of the steps already taken. Every other key does, and a difference is refused.
-RESUME_MAY_DIFFER = {"output_dir", "save_every", "keep_last", "resume", "overwrite", "verifier_timeout",
-                     "num_problems", "max_bad_steps", "eval_batch_size", "sharding", "dist_timeout", "report_to"}
+RESUME_MAY_DIFFER = frozenset({"output_dir", "save_every", "keep_last", "resume", "overwrite", "verifier_timeout",
+                               "num_problems", "max_bad_steps", "eval_batch_size", "sharding", "dist_timeout",
+                               "report_to"})
 
 
 class UserError(Exception):
     """A mistake in the config, the data or the command line: one line to stderr, exit status 2."""
 
 
+def load_config(argv: list[str] | None = None) -> Config | Path:
+    """YAML file, then key=value overrides from the command line; every value typed and checked.
+    --plot FOLDER: that folder instead."""
+    parser = argparse.ArgumentParser(description="RLVR training: one AdamW step per problem.")
+    parser.add_argument("--config", help="YAML file of settings (default: config.yaml)")
+    parser.add_argument("--plot", metavar="FOLDER", help="draw FOLDER/run.png from a run's logs, and stop")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting of the YAML")
+    args = parser.parse_args(argv)
+    if args.plot:  # main draws it, from the logs alone: a setting would be silently ignored
+        extra = args.overrides + ([f"--config {args.config}"] if args.config else [])
+        if extra:
+            raise UserError(f"--plot draws a finished run's pictures from its logs and takes no settings (got "
+                            f"{extra[0]}); run: python train_rlvr.py --plot {args.plot}")
+        return Path(args.plot)
+    values = read_config_file(Path(args.config or "config.yaml"), explicit=args.config is not None)
+    for item in args.overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise UserError(f"command-line setting '{item}' must look like key=value")
+        try:
+            values[key] = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            values[key] = raw
+        if isinstance(values[key], (dict, list)) or values[key] is None:
+            values[key] = raw
+
+    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise UserError(f"unknown config key '{unknown[0]}'; known keys: {', '.join(types)}")
+    type_of = {"str": str, "int": int, "float": float, "bool": bool}
+    cfg = Config(**{k: _coerce(k, v, type_of[types[k]]) for k, v in values.items()})
+    validate_config(cfg)
+    check_trackers(cfg)
+    return cfg
+
+
+def read_config_file(path: Path, explicit: bool) -> dict:
+    if not path.exists():
+        if explicit:
+            raise UserError(f"config file {path} not found; pass an existing file to --config")
+        progress("no config.yaml here: using the built-in defaults (the spec's setup)")
+        return {}
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}")
+    except UnicodeDecodeError as e:
+        raise UserError(f"config file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                        f"{e.start}); save it as UTF-8")
+    except OSError as e:  # a folder, unreadable, ...
+        raise UserError(f"config file {path} cannot be read ({e.strerror or e}); pass a YAML file to --config")
+    if not isinstance(values, dict):
+        raise UserError(f"config file {path} must hold 'key: value' lines")
+    return values
+
+
 def _coerce(key: str, value, typ: type):
     """Turn a YAML or command-line value into the field's type, or raise a UserError naming the key."""
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-    elif typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-    elif typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif typ is str:
-        if isinstance(value, bool):
-            return "true" if value else "false"  # YAML reads compile: true as a bool
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)  # e.g. a numeric revision or output_dir
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
+        return value
+    if typ is float and number:
+        return float(value)
+    if typ is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if typ in (int, float) and isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+        try:
+            return typ(value)
+        except ValueError:
+            pass
+    if typ is str and (number or isinstance(value, bool)):  # a numeric revision; YAML reads compile: true as a bool
+        return str(value).lower() if isinstance(value, bool) else str(value)
     raise UserError(f"config key '{key}' must be {typ.__name__}, got {value!r}")
 
 
@@ -186,6 +246,7 @@ def validate_config(cfg: Config) -> None:
         ("kl_coef", 0 <= cfg.kl_coef <= 1e6, "a number in [0, 1e6] (0: no KL term, no reference model)"),
         ("ppo_epochs", 1 <= cfg.ppo_epochs <= 64, "an integer in [1, 64] (optimizer steps per group)"),
         ("clip_eps", 0 < cfg.clip_eps < 1, "a number in (0, 1) (the ratio is clipped to [1 - eps, 1 + eps])"),
+        ("clip_eps_high", 0 <= cfg.clip_eps_high <= 10, "0 (equal to clip_eps) or a number in (0, 10] (DAPO: 0.28)"),
         ("seed", 0 <= cfg.seed < 2**63, "an integer in [0, 2**63) (torch's seeds are 64-bit)"),
         ("compile", cfg.compile in ("auto", "true", "false"), "auto, true or false"),
         ("logprob_batch_size", cfg.logprob_batch_size >= 1, "an integer >= 1"),
@@ -232,62 +293,6 @@ def eval_checks(cfg: Config) -> list[tuple[str, bool, str]]:
     ]
 
 
-def load_config(argv: list[str] | None = None) -> Config | Path:
-    """YAML file, then key=value overrides from the command line; every value typed and checked.
-    --plot FOLDER: that folder instead."""
-    parser = argparse.ArgumentParser(description="RLVR training: one AdamW step per problem.")
-    parser.add_argument("--config", help="YAML file of settings (default: config.yaml)")
-    parser.add_argument("--plot", metavar="FOLDER", help="draw FOLDER/run.png from a run's logs, and stop")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting of the YAML")
-    args = parser.parse_args(argv)
-    if args.plot:  # main draws it, from the logs alone: a setting would be silently ignored
-        extra = args.overrides + ([f"--config {args.config}"] if args.config else [])
-        if extra:
-            raise UserError(f"--plot draws a finished run's pictures from its logs and takes no settings (got "
-                            f"{extra[0]}); run: python train_rlvr.py --plot {args.plot}")
-        return Path(args.plot)
-    args.config = args.config or "config.yaml"
-
-    values: dict = {}
-    path = Path(args.config)
-    if path.exists():
-        try:
-            values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}")
-        except UnicodeDecodeError as e:
-            raise UserError(f"config file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
-                            f"{e.start}); save it as UTF-8")
-        except OSError as e:  # a folder, unreadable, ...
-            raise UserError(f"config file {path} cannot be read ({e.strerror or e}); pass a YAML file to --config")
-        if not isinstance(values, dict):
-            raise UserError(f"config file {path} must hold 'key: value' lines")
-    elif args.config != "config.yaml":
-        raise UserError(f"config file {path} not found; pass an existing file to --config")
-    else:
-        progress("no config.yaml here: using the built-in defaults (the spec's setup)")
-    for item in args.overrides:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise UserError(f"command-line setting '{item}' must look like key=value")
-        try:
-            values[key] = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
-            values[key] = raw
-        if isinstance(values[key], (dict, list)) or values[key] is None:
-            values[key] = raw
-
-    types = {f.name: f.type for f in dataclasses.fields(Config)}
-    unknown = sorted(set(values) - set(types))
-    if unknown:
-        raise UserError(f"unknown config key '{unknown[0]}'; known keys: {', '.join(types)}")
-    type_of = {"str": str, "int": int, "float": float, "bool": bool}
-    cfg = Config(**{k: _coerce(k, v, type_of[types[k]]) for k, v in values.items()})
-    validate_config(cfg)
-    check_trackers(cfg)
-    return cfg
-
-
 def resolve_device(cfg: Config) -> torch.device:
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("device is 'cuda' but this machine has no CUDA GPU; "
@@ -306,13 +311,89 @@ def resolve_precision(cfg: Config, device: torch.device) -> str:
 
 
 def autocast(device: torch.device, precision: str):
-    if precision == "bf16-autocast":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-autocast" else nullcontext()
 
 
 # ----------------------------------------------------------------------------------------------
 # Data and prompt
+
+def load_problems(cfg: Config) -> list[dict]:
+    """num_problems records from start_index, in file order (never shuffled); zero_variance=resample:
+    up to resample_limit times as many, as far as the data set goes (replacements: run_candidates)."""
+    more = cfg.num_problems * cfg.resample_limit if cfg.zero_variance == "resample" else 0
+    records = load_records(cfg.dataset, cfg.dataset_split,
+                           {"problem_field": cfg.problem_field, "answer_field": cfg.answer_field},
+                           cfg.start_index, cfg.num_problems, up_to=more)
+    return [{"index": r["index"], "problem": r[cfg.problem_field], "answer": r[cfg.answer_field]} for r in records]
+
+
+def build_prompt(template: str, problem: str) -> str:
+    # str.replace, not str.format: problems are full of LaTeX braces.
+    return template.replace("{problem}", problem)
+
+
+def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
+                   max_new_tokens: int | None = None, setting: str = "dataset") -> list[dict]:
+    """Refuse (bad_records: stop) or leave out (skip), before training, the records that cannot be used:
+    an empty or non-text problem; an empty, list, object or boolean answer (numbers become text); a prompt
+    that with max_new_tokens (the eval set: eval_max_new_tokens) overflows the model's context."""
+    budget, budget_key = (cfg.max_new_tokens, "max_new_tokens") if max_new_tokens is None else (
+        max_new_tokens, "eval_max_new_tokens")
+    good, bad, too_long = [], [], []
+    for p in problems:
+        answer = p["answer"]
+        if not isinstance(p["problem"], str) or not p["problem"].strip():
+            bad.append(f"{setting} record {p['index']}: '{cfg.problem_field}' is not a non-empty text")
+        elif isinstance(answer, bool) or not isinstance(answer, (str, int, float, type(None))):
+            # str() of a list or a boolean ("['5']", "True") can never match a response: a silent zero reward
+            kind = {bool: "boolean", list: "list", dict: "object"}.get(type(answer), type(answer).__name__)
+            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is a JSON {kind} ({str(answer)[:40]}), "
+                       "not a text or a number (write several answers as one text, e.g. \"3, 5\")")
+        elif answer is None or str(answer).strip() == "":
+            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is empty")
+        else:
+            ids = tokenizer(build_prompt(cfg.prompt_template, p["problem"]), add_special_tokens=False)["input_ids"]
+            n = len(ids)
+            if n + budget > context:
+                too_long.append(len(bad))
+                bad.append(f"{setting} record {p['index']}: its prompt has {n} tokens, and with {budget_key} "
+                           f"{budget} it exceeds the model's context of {context}")
+            else:
+                good.append(dict(p, answer=str(answer), prompt_ids=ids))
+    if bad and cfg.bad_records == "stop":
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        first = f"lower {budget_key}" if too_long[:1] == [0] else "fix the data"  # the fix for bad[0] comes first
+        move = ", move start_index" if setting == "dataset" else ""
+        raise UserError(f"{bad[0]}{more}; {first}{move}, or set bad_records: skip")
+    for msg in bad:
+        progress(f"skipping {msg}")
+    if not good:
+        raise UserError(f"no {setting} record is usable; fix the data or the settings above")
+    return good
+
+
+def load_records(source: str, split: str, fields: dict[str, str], start: int, count: int,
+                 setting: str = "dataset", count_keys: tuple[str, ...] = ("start_index", "num_problems"),
+                 up_to: int = 0) -> list[dict]:
+    """Records start .. start + count - 1 (up_to > count: up to that many, as far as the data set goes) of
+    a hub name, URL or local .json/.jsonl(.gz)/.parquet file, in file order, each a dict of all its fields
+    plus "index" (its place in the file). Every record must have the `fields` (setting -> field name)."""
+    end = start + count
+    if data_builder(source) == "json" and Path(source).is_file():  # read only as far as the run needs
+        rows = read_json_records(Path(source), setting, max(end, start + up_to))
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        rows = [{k: r.get(k) for k in names} for r in rows]  # every field in every record, as datasets gives them
+    else:
+        rows = open_dataset(source, split, setting)
+        names = rows.column_names
+    for key, field in fields.items():
+        if field not in names:
+            raise UserError(f"{setting} has no field '{field}' (set {key}); its fields are: {', '.join(names)}")
+    if len(rows) < end:
+        raise UserError(f"{setting} has {len(rows)} records but {' + '.join(count_keys)} = {end}; "
+                        f"lower {' or '.join(reversed(count_keys))}")
+    return [dict(rows[i], index=i) for i in range(start, max(end, min(start + up_to, len(rows))))]
+
 
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".json.gz": "json", ".jsonl.gz": "json", ".parquet": "parquet"}
 
@@ -335,13 +416,9 @@ def check_data_path(path: Path, what: str) -> None:
 
 
 def read_json_records(path: Path, what: str, stop: int) -> list[dict]:
-    """The first `stop` records of a local .json/.jsonl(.gz) file, read only as far as they go and
-    one record at most MAX_RECORD_BYTES long, so a huge file (or one huge line) costs neither time
-    nor memory: a JSON array of records, JSON Lines (one record a line), or one object (a record,
-    as datasets reads it). Damage is one line naming the file and the place: bytes that are not
-    UTF-8, a line or element that does not parse, a record over the limit."""
-    import gzip
-
+    """The first `stop` records of a local JSON array, JSON Lines or one-object (one record) file, read
+    only as far as they go, each at most MAX_RECORD_BYTES: a huge file or line costs neither time nor
+    memory. Damage (not UTF-8, not JSON, a record over the limit) is one line naming file and place."""
     check_data_path(path, what)
     try:
         with (gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")) as f:
@@ -351,9 +428,7 @@ def read_json_records(path: Path, what: str, stop: int) -> list[dict]:
             if not first:
                 raise UserError(f"{what} file {path} holds no records; point it at a file of records")
             f.seek(0)
-            if first == b"[":
-                return json_array_records(f, path, what, stop)
-            return json_lines_records(f, path, what, stop)
+            return (json_array_records if first == b"[" else json_lines_records)(f, path, what, stop)
     except (OSError, EOFError) as e:  # a damaged gzip stream (BadGzipFile is an OSError)
         raise UserError(f"{what} file {path} is not a readable {'gzip ' if path.suffix == '.gz' else ''}file ({e}); "
                         "re-download or unpack it") from None
@@ -406,67 +481,76 @@ def json_document(text: str, path: Path, what: str) -> dict:
 
 def json_array_records(f, path: Path, what: str, stop: int) -> list[dict]:
     """The elements of a JSON array, decoded one at a time from a window of the file."""
-    import codecs
-
-    decoder, utf8, records = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8")(), []
-    text, pos, lines_before, eof = "", 0, 0, False  # lines_before: newlines in the text dropped so far
-
-    def more() -> bool:
-        nonlocal text, pos, lines_before, eof
-        if eof:
-            return False
-        chunk = f.read(READ_CHUNK)
-        if not chunk:
-            eof = True
-        lines_before += text.count("\n", 0, pos)
-        try:  # incremental: a character split between two chunks is whole in the next
-            new = utf8.decode(chunk, final=not chunk)
-        except UnicodeDecodeError as e:
-            line = lines_before + text.count("\n", pos) + chunk.count(b"\n", 0, e.start) + 1
-            raise _not_utf8(path, what, chunk[e.start], line) from None
-        text, pos = text[pos:] + new, 0
-        return bool(chunk)
-
-    def skip_space() -> str:
-        nonlocal pos
-        while True:
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-            if pos < len(text) or not more():
-                return text[pos:pos + 1]
-
-    def fail(message: str, at: int):
-        line = lines_before + text.count("\n", 0, at) + 1
-        column = at - text.rfind("\n", 0, at)
-        raise UserError(f"{what} file {path} is not valid JSON: {message} at line {line}, column {column}")
-
-    more()
-    pos = text.index("[") + 1
-    if skip_space() == "]":
+    w, records = JsonWindow(f, path, what), []
+    w.more()
+    w.pos = w.text.index("[") + 1
+    if w.skip_space() == "]":
         return records
     while len(records) < stop:
-        skip_space()
-        while True:
-            try:
-                value, end = decoder.raw_decode(text, pos)
-                break
-            except json.JSONDecodeError as e:  # incomplete in this window, or invalid: read on to tell
-                if len(text) - pos > MAX_RECORD_BYTES:
-                    raise _too_long(path, what, f"record {len(records)}") from None
-                if eof:
-                    fail(e.msg, e.pos)
-                more()
-        if end - pos > MAX_RECORD_BYTES:
-            raise _too_long(path, what, f"record {len(records)}")
-        records.append(_record(value, path, what, f"record {len(records)}"))
-        pos = end
-        sep = skip_space()
+        w.skip_space()
+        records.append(_record(w.next_value(f"record {len(records)}"), path, what, f"record {len(records)}"))
+        sep = w.skip_space()
         if sep == "]":
             break
         if sep != ",":
-            fail("Expecting ',' delimiter" if sep else "Expecting ']'", pos)
-        pos += 1
+            w.fail("Expecting ',' delimiter" if sep else "Expecting ']'", w.pos)
+        w.pos += 1
     return records
+
+
+class JsonWindow:
+    """The part of a JSON file being decoded (text from pos on), read on a chunk at a time; the UTF-8
+    decoding is incremental (a character split between two chunks is whole in the next), and
+    lines_before counts the newlines already dropped, for the line numbers of messages."""
+
+    def __init__(self, f, path: Path, what: str):
+        self.f, self.path, self.what = f, path, what
+        self.decoder, self.utf8 = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8")()
+        self.text, self.pos, self.lines_before, self.eof = "", 0, 0, False
+
+    def more(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.f.read(READ_CHUNK)
+        self.eof = not chunk
+        self.lines_before += self.text.count("\n", 0, self.pos)
+        try:
+            new = self.utf8.decode(chunk, final=not chunk)
+        except UnicodeDecodeError as e:
+            line = self.lines_before + self.text.count("\n", self.pos) + chunk.count(b"\n", 0, e.start) + 1
+            raise _not_utf8(self.path, self.what, chunk[e.start], line) from None
+        self.text, self.pos = self.text[self.pos:] + new, 0
+        return bool(chunk)
+
+    def skip_space(self) -> str:
+        """The next character that is not white space ("": the end of the file)."""
+        while True:
+            while self.pos < len(self.text) and self.text[self.pos].isspace():
+                self.pos += 1
+            if self.pos < len(self.text) or not self.more():
+                return self.text[self.pos:self.pos + 1]
+
+    def next_value(self, where: str):
+        """The JSON value at pos (pos moves past it), reading on while the window holds only part of it."""
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.text, self.pos)
+                break
+            except json.JSONDecodeError as e:  # incomplete in this window, or invalid: read on to tell
+                if len(self.text) - self.pos > MAX_RECORD_BYTES:
+                    raise _too_long(self.path, self.what, where) from None
+                if self.eof:
+                    self.fail(e.msg, e.pos)
+                self.more()
+        if end - self.pos > MAX_RECORD_BYTES:
+            raise _too_long(self.path, self.what, where)
+        self.pos = end
+        return value
+
+    def fail(self, message: str, at: int):
+        line = self.lines_before + self.text.count("\n", 0, at) + 1
+        column = at - self.text.rfind("\n", 0, at)
+        raise UserError(f"{self.what} file {self.path} is not valid JSON: {message} at line {line}, column {column}")
 
 
 def _record(value, path: Path, what: str, where: str) -> dict:
@@ -478,9 +562,6 @@ def _record(value, path: Path, what: str, where: str) -> dict:
 
 def network_problem(source: str) -> str | None:
     """Why a URL or hub name cannot be fetched, if the cause is the network: the host does not resolve."""
-    import socket
-    from urllib.parse import urlparse
-
     host = urlparse(source).hostname if "://" in source else "huggingface.co"
     try:
         socket.getaddrinfo(host, 443)
@@ -490,10 +571,9 @@ def network_problem(source: str) -> str | None:
 
 
 def missing_local_path(value: str) -> str | None:
-    """Why a model or data set value that is not on disk is read as a local path, not a hub id (None:
-    it may be a hub id). A hub id is `name` or `org/name`; a path starts with `.`, `/` or `~`, ends
-    with `/`, holds a backslash or more than one `/`, or its first part is a folder here (`runs/dmeo`
-    beside a runs/ folder): such a typo is named at once instead of being sent to the hub."""
+    """Why a value not on disk is read as a local path, not a hub id (`name`, `org/name`): it starts with
+    `.`, `/` or `~`, ends with `/`, holds a backslash or two `/`, or its first part is a folder here
+    (`runs/dmeo` beside runs/): a typo named at once, not sent to the hub. None: it may be a hub id."""
     if Path(value).expanduser().exists() or value.startswith(("http://", "https://")):
         return None
     parts = value.split("/")
@@ -509,7 +589,6 @@ def hub_offline(offline: bool):
     """With no network, the hub libraries read their local cache only and give up at once: no
     retries, no messages (datasets and huggingface_hub check these flags at each call)."""
     import huggingface_hub.constants as hub
-
     flags = [m for m in (hub, sys.modules.get("datasets.config")) if m is not None] if offline else []
     saved = [m.HF_HUB_OFFLINE for m in flags]
     for m in flags:
@@ -532,11 +611,8 @@ def open_dataset(source: str, split: str, what: str = "dataset"):
     """A datasets.Dataset from a hub name, a URL or a local .parquet file; every failure a one-line
     UserError naming the source and the fix. (Local JSON files: read_json_records.)"""
     import datasets
-
     datasets.disable_progress_bars()
-    builder = data_builder(source)
-    is_url = source.startswith(("http://", "https://"))
-    local = Path(source)
+    builder, is_url, local = data_builder(source), source.startswith(("http://", "https://")), Path(source)
     if not is_url and local.exists():
         if builder is None and not local.is_dir():
             raise UserError(f"{what} file {source} is not a .json/.jsonl/.json.gz/.jsonl.gz/.parquet file")
@@ -562,192 +638,141 @@ def open_dataset(source: str, split: str, what: str = "dataset"):
         raise UserError(f"could not load {what} {source!r}: {type(e).__name__}: {detail}")
 
 
-def load_records(source: str, split: str, fields: dict[str, str], start: int, count: int,
-                 setting: str = "dataset", count_keys: tuple[str, ...] = ("start_index", "num_problems"),
-                 up_to: int = 0) -> list[dict]:
-    """Records start .. start + count - 1 of a data set, in file order (never shuffled), each a dict
-    of all its fields plus "index" (its position in the file). `source` is a hub name, a URL or a
-    local .json/.jsonl(.gz)/.parquet file; `fields` maps setting -> field name that every record must
-    have; `setting` and `count_keys` name the settings in the error messages. up_to > count: as many
-    records beyond those as the data set has, up to that many in all."""
-    end = start + count
-    if data_builder(source) == "json" and Path(source).is_file():  # read only as far as the run needs
-        rows = read_json_records(Path(source), setting, max(end, start + up_to))
-        names = list(dict.fromkeys(k for r in rows for k in r))
-        rows = [{k: r.get(k) for k in names} for r in rows]  # every field in every record, as datasets gives them
-    else:
-        rows = open_dataset(source, split, setting)
-        names = rows.column_names
-    for key, field in fields.items():
-        if field not in names:
-            raise UserError(f"{setting} has no field '{field}' (set {key}); its fields are: {', '.join(names)}")
-    if len(rows) < end:
-        raise UserError(f"{setting} has {len(rows)} records but {' + '.join(count_keys)} = {end}; "
-                        f"lower {' or '.join(reversed(count_keys))}")
-    return [dict(rows[i], index=i) for i in range(start, max(end, min(start + up_to, len(rows))))]
+# ----------------------------------------------------------------------------------------------
+# The model
+
+def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    if missing_local_path(cfg.model):
+        raise UserError(f"model {cfg.model}: no such folder ({missing_local_path(cfg.model)}); set model: to a "
+                        "local model folder or a hub id")
+    # no network: asked once, up front; then only the local hub cache is read (the hub client would retry ~50 s)
+    offline = None if Path(cfg.model).expanduser().exists() else network_problem("https://huggingface.co")
+    local = {"local_files_only": True} if offline else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model, revision=cfg.revision, **local)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, dtype=dtype, **local)
+    except Exception as e:  # missing, unreachable, truncated or foreign files: one line, not a traceback
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        hint = "set model: to a hub id or a local folder"
+        if offline:
+            detail = "it is not in the local hub cache"
+            hint = f"{offline}; connect, or set model: to a local folder of the model (config, tokenizer, weights)"
+        raise UserError(f"could not load model {cfg.model!r} at revision {cfg.revision!r}: {detail}; {hint}") from None
+    eos_id = resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
+    warn_if_not_model_eos(model, tokenizer, cfg, eos_id)
+    return shard_model(model, device).eval(), tokenizer, eos_id
 
 
-def load_problems(cfg: Config) -> list[dict]:
-    """The first num_problems records from start_index, in file order (never shuffled).
-    zero_variance=resample: up to resample_limit times as many, as far as the data set goes (the
-    groups set aside are replaced by the next problems; run_candidates)."""
-    more = cfg.num_problems * cfg.resample_limit if cfg.zero_variance == "resample" else 0
-    records = load_records(cfg.dataset, cfg.dataset_split,
-                           {"problem_field": cfg.problem_field, "answer_field": cfg.answer_field},
-                           cfg.start_index, cfg.num_problems, up_to=more)
-    return [{"index": r["index"], "problem": r[cfg.problem_field], "answer": r[cfg.answer_field]} for r in records]
+def resolve_eos_id(tokenizer, cfg: Config, vocab_size: int) -> int:
+    # An unknown token maps to the unk id, whose text differs (Qwen's unk token IS <|endoftext|>).
+    eos_id = tokenizer.convert_tokens_to_ids(cfg.eos_token)
+    if eos_id is None or eos_id >= vocab_size or tokenizer.convert_ids_to_tokens(eos_id) != cfg.eos_token:
+        raise UserError(f"eos_token {cfg.eos_token!r} is not a token of {cfg.model}; set eos_token to its EOS")
+    return eos_id
 
 
-def build_prompt(template: str, problem: str) -> str:
-    # str.replace, not str.format: problems are full of LaTeX braces.
-    return template.replace("{problem}", problem)
+def warn_if_not_model_eos(model, tokenizer, cfg: Config, eos_id: int) -> None:
+    """eos_token is a real token but not one the model ends its texts with: every rollout would run to
+    max_new_tokens. Allowed (a prompt format may stop at its own marker), but said once."""
+    ends = getattr(model.generation_config, "eos_token_id", None)
+    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+    if ends and eos_id not in ends:
+        names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} (id {i})" for i in ends)
+        progress(f"warning: eos_token {cfg.eos_token!r} (id {eos_id}) is not the EOS of {cfg.model}'s generation "
+                 f"config ({names}); rollouts that never produce it run to max_new_tokens")
 
 
-def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
-                   max_new_tokens: int | None = None, setting: str = "dataset") -> list[dict]:
-    """Refuse (bad_records: stop) or leave out (skip) records that cannot be trained on, before
-    training begins: a non-text or empty problem, an empty answer or one that is a list, object or
-    boolean (numbers become their text), a prompt that with max_new_tokens does not fit the
-    model's context. The evaluation set goes through the same checks with eval_max_new_tokens
-    (setting: eval_dataset)."""
-    budget, budget_key = (cfg.max_new_tokens, "max_new_tokens") if max_new_tokens is None else (
-        max_new_tokens, "eval_max_new_tokens")
-    good, bad, too_long = [], [], []
-    for p in problems:
-        answer = p["answer"]
-        if not isinstance(p["problem"], str) or not p["problem"].strip():
-            bad.append(f"{setting} record {p['index']}: '{cfg.problem_field}' is not a non-empty text")
-        elif isinstance(answer, bool) or not isinstance(answer, (str, int, float, type(None))):
-            # str() of a list or a boolean ("['5']", "True") can never match a response: a silent zero reward
-            kind = {bool: "boolean", list: "list", dict: "object"}.get(type(answer), type(answer).__name__)
-            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is a JSON {kind} ({str(answer)[:40]}), "
-                       "not a text or a number (write several answers as one text, e.g. \"3, 5\")")
-        elif answer is None or str(answer).strip() == "":
-            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is empty")
-        else:
-            ids = tokenizer(build_prompt(cfg.prompt_template, p["problem"]), add_special_tokens=False)["input_ids"]
-            n = len(ids)
-            if n + budget > context:
-                too_long.append(len(bad))
-                bad.append(f"{setting} record {p['index']}: its prompt has {n} tokens, and with {budget_key} "
-                           f"{budget} it exceeds the model's context of {context}")
-            else:
-                good.append(dict(p, answer=str(answer), prompt_ids=ids))
-    if bad and cfg.bad_records == "stop":
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        first = f"lower {budget_key}" if too_long[:1] == [0] else "fix the data"  # the fix for bad[0] comes first
-        move = ", move start_index" if setting == "dataset" else ""
-        raise UserError(f"{bad[0]}{more}; {first}{move}, or set bad_records: skip")
-    for msg in bad:
-        progress(f"skipping {msg}")
-    if not good:
-        raise UserError(f"no {setting} record is usable; fix the data or the settings above")
-    return good
+def load_reference(cfg: Config, device: torch.device, precision: str) -> torch.nn.Module | None:
+    """kl_coef > 0: the frozen reference, the starting weights (a resumed run's too: resume refuses another
+    model or revision): `model` loaded again from the local files, no gradient, sharded like the policy.
+    One more copy of the weights (Qwen3-0.6B: 2.4 GB float32, 1.2 GB bf16; fsdp: 1/world of it)."""
+    if not cfg.kl_coef:
+        return None
+    from transformers import AutoModelForCausalLM
+    progress(f"loading the reference model for the KL term (kl_coef {cfg.kl_coef})")
+    reference = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, local_files_only=True,
+                                                     dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+    reference.requires_grad_(False)
+    return shard_model(reference, device).eval()
+
+
+def check_memory(cfg: Config, model, problems: list[dict], device: torch.device) -> None:
+    """Refuse up front a group that cannot fit: the KV cache of group_size rollouts of the longest prompt
+    + max_new_tokens (keys and values, every layer, 2 bytes each at least) plus one decode step's float32
+    scores. A lower bound, so it never refuses a run that could fit: a failure deep in step 1 becomes one line."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    length = max(len(p["prompt_ids"]) for p in problems) + cfg.max_new_tokens
+    need = cfg.group_size * (length * c.num_hidden_layers * 2 * kv_heads * head_dim * 2 + 3 * c.vocab_size * 4)
+    have = available_memory(device)
+    if need > have:
+        raise UserError(f"group_size {cfg.group_size} with max_new_tokens {cfg.max_new_tokens} needs at least "
+                        f"{need / 1e9:.1f} GB on {device} for generation, but {have / 1e9:.1f} GB are available; "
+                        "lower group_size or max_new_tokens")
+
+
+def available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # unknown: do not refuse
+
+
+@dataclass
+class Trainer:
+    """What every step uses: the settings, the model and its optimizer, the verifier, the compiled
+    decoders and buffers reused from step to step (the weights and AdamW state before the step)."""
+    cfg: Config
+    model: torch.nn.Module
+    tokenizer: object
+    params: list
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    precision: str
+    eos_id: int
+    weights_before: list
+    state_before: dict = dataclasses.field(default_factory=dict)
+    scorer: verifier.TimedVerifier | None = None  # started with the loop
+    reference: torch.nn.Module | None = None  # kl_coef > 0: the frozen starting weights (load_reference)
+    decoders: Decoders = dataclasses.field(default_factory=lambda: Decoders())
 
 
 # ----------------------------------------------------------------------------------------------
 # Rollouts
 
-def top_p_reference(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Kept-token mask of transformers' TopPLogitsWarper: sort ascending, drop the tokens whose
-    cumulative probability is <= 1 - top_p, always keep the most likely one."""
-    sorted_scores, order = torch.sort(scores, descending=False)
-    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-    remove = cumulative <= (1 - top_p)
-    remove[..., -1:] = False
-    return ~remove.scatter(-1, order, remove)
+def sample_group(step: int, draw: int, problem: dict, prompt_ids: torch.Tensor, t: Trainer):
+    """This rank's rollouts of the group (rank_share; one process: all of them), each drawn from its own random stream
+    (keyed by the draw: the step, without resampling), so the tokens do not depend on the number of processes."""
+    mine = rank_share(t.cfg.group_size)
+    progress(f"[step {step}] generating {t.cfg.group_size} rollouts (problem {problem['index']})")
+    with agreed("generation", step, rollouts=len(mine), prompt_tokens=len(prompt_ids), cfg=t.cfg), \
+            full_weights(t.model):
+        return generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id, rollout_streams(t.cfg.seed, draw, mine, t.device),
+                                 autocast(t.device, t.precision), t.decoders)
 
 
-def sorted_values(scores: torch.Tensor) -> torch.Tensor:
-    """Each row's values in ascending order: what torch.sort(scores).values holds (tied tokens have
-    equal values, so their order cannot show). On CPU, numpy's vectorized sort of the values alone
-    takes ~4 ms for 8 x 151,936 scores, torch.sort (which also builds the permutation) ~100 ms."""
-    if scores.device.type == "cpu":
-        import numpy as np
-
-        return torch.from_numpy(np.sort(scores.detach().contiguous().numpy(), axis=-1))
-    return torch.sort(scores, dim=-1).values
-
-
-def sampler_on_host(device) -> bool:
-    """Whether the sampler runs on the CPU, where numpy can sort and a branch on a tensor's value
-    costs nothing. On CUDA such a branch stops the host until the GPU catches up (a sync), so the
-    CUDA path takes none (the tests run it on CPU tensors by making this False)."""
-    return torch.device(device).type == "cpu"
-
-
-def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The kept set of top_p_reference, bit for bit.
-
-    On CUDA it is top_p_reference itself: there a sort of the values alone would cost about what
-    torch.sort with the permutation costs, and the permutation decides every row on the device,
-    ties included, so no row needs a host branch (no sync, no nonzero).
-
-    On the CPU it is found without sorting the token ids: transformers' float32 numbers,
-    softmax(sorted scores).cumsum(), depend on the sorted VALUES only, so the same two ops on the
-    same values give the same numbers: the tokens it removes are the r lowest (cumulative <=
-    1 - top_p is a prefix, as cumulative never decreases), and the kept set is every token scoring
-    >= the r-th lowest value. Only where that value is tied with a removed token does the order of
-    token ids inside the tie decide: those rows, and rows holding NaN, go to top_p_reference
-    itself. No tolerance is involved."""
-    if top_p >= 1.0:  # transformers adds no top-p warper at 1.0: every token with a finite score
-        return torch.isfinite(scores) | (scores == scores.max(dim=-1, keepdim=True).values)
-    if not sampler_on_host(scores.device):
-        return top_p_reference(scores, top_p)
-    values = sorted_values(scores).to(scores.device)
-    cumulative = values.softmax(dim=-1).cumsum(dim=-1)
-    n_removed = (cumulative <= (1 - top_p)).sum(dim=-1, keepdim=True).clamp(max=scores.shape[-1] - 1)
-    threshold = values.gather(-1, n_removed)
-    split_tie = (n_removed > 0) & (values.gather(-1, (n_removed - 1).clamp(min=0)) == threshold)
-    mask = scores >= threshold
-    bad = (split_tie | values[..., -1:].isnan()).squeeze(-1)
-    if bool(bad.any()):
-        rows = bad.nonzero().squeeze(-1)
-        mask[rows] = top_p_reference(scores[rows], top_p)
-    return mask
-
-
-def nucleus_weights(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Unnormalized sampling weights: exp(logits / temperature - max) on the top-p nucleus, 0 elsewhere.
-    Normalized, they are transformers' temperature + top-p probabilities. There is no top-k.
-
-    A row whose largest score is not finite (a temperature so small that logits / temperature
-    overflows float32, whose largest number is 3.4e38: a logit of 3.4 at 1e-38) would give NaN
-    weights, and transformers NaN probabilities. It takes the limit of temperature -> 0 instead:
-    the argmax, i.e. scores 0 on the largest logits and -inf elsewhere (tied maxima share the
-    weight, as far as top-p keeps them). Every other row keeps its numbers bit for bit."""
-    scores = logits.float() / temperature
-    top = scores.amax(dim=-1, keepdim=True)
-    overflow = ~top.isfinite()
-    if not sampler_on_host(scores.device) or bool(overflow.any()):  # CUDA: no branch, no sync
-        largest = logits.float() == logits.float().amax(dim=-1, keepdim=True)
-        scores = torch.where(overflow, torch.where(largest, 0.0, -math.inf), scores)
-        top = top.masked_fill(overflow, 0.0)
-    kept = top_p_mask(scores, top_p)
-    return (scores - top).exp_().masked_fill_(~kept, 0.0)
-
-
-def sample_next_token(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor) -> torch.Tensor:
-    """One token per row, drawn from the nucleus only: an inverse CDF over the kept tokens in
-    token-id order with one float64 uniform per row (`u`, shape rows x 1), so the draw depends on
-    the kept set, its probabilities and u alone, not on how they were found."""
-    weights = nucleus_weights(logits, temperature, top_p)
-    cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
-    total = cdf[:, -1:]
-    # A target below the total always lands on a kept token: the cdf rises only at kept tokens and
-    # reaches the total at the last one. A product u * total that rounds up to the total is moved
-    # to the float just below it, which selects that last kept token (no host sync, no extra pass).
-    target = torch.minimum(u.to(cdf.device) * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
-
-
-def stream_seed(seed: int, *key) -> int:
-    """The seed of the random stream named by key, e.g. ("rollout", step, i): a hash, so streams
-    of different keys are unrelated and none depends on how many others exist or who draws them."""
-    import hashlib
-
-    digest = hashlib.blake2b(repr((int(seed), *key)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1  # 63 bits: what manual_seed takes
+@torch.no_grad()
+def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int, streams: list[torch.Generator],
+                      amp, decoders: Decoders | None = None) -> tuple[list[torch.Tensor], list[bool]]:
+    """One rollout per random stream, all of one prompt, in one batched decode loop with a KV cache.
+    Sampling comes from cfg alone (no transformers defaults or generation_config leak in). A response
+    is its tokens up to and including the first EOS (none if cut at max_new_tokens). Eager, or with
+    `compile` the StaticDecoder of `decoders` (the same logits in float32)."""
+    prompts = [prompt_ids] * len(streams)
+    pick = sampling_pick(streams, cfg.temperature, cfg.top_p, prompt_ids.device)
+    with weight_cast_cache(amp, prompt_ids.device.type):
+        return compiled_or_eager(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, cfg, streams, "rollouts",
+                                 decoders=decoders)
 
 
 def rollout_streams(seed: int, step: int, rollouts, device) -> list[torch.Generator]:
@@ -756,25 +781,37 @@ def rollout_streams(seed: int, step: int, rollouts, device) -> list[torch.Genera
     return [torch.Generator(device=device).manual_seed(stream_seed(seed, "rollout", step, i)) for i in rollouts]
 
 
+def stream_seed(seed: int, *key) -> int:
+    """The seed of the random stream named by key, e.g. ("rollout", step, i): a hash, so streams
+    of different keys are unrelated and none depends on how many others exist or who draws them."""
+    digest = hashlib.blake2b(repr((int(seed), *key)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # 63 bits: what manual_seed takes
+
+
+def sampling_pick(streams: list[torch.Generator], temperature: float, top_p: float, device):
+    """The next-token rule of the rollouts: temperature + top-p, row i drawing from streams[i].
+    `rows` names the batch's rows still decoded when finished ones were dropped (None: all)."""
+    uniforms = Uniforms(streams, device)
+
+    def pick(logits, rows=None):
+        return sample_next_token(logits, temperature, top_p, uniforms(rows))
+    return pick
+
+
+def greedy_pick(logits: torch.Tensor, rows=None) -> torch.Tensor:
+    """Greedy decoding: the argmax of the float32 logits, no warper (the first of tied maxima)."""
+    return logits.float().argmax(dim=-1)
+
+
 UNIFORM_BLOCK = 64  # uniforms drawn per stream at a time
 
 
 class Uniforms:
-    """The sampler's float64 uniforms, row i from streams[i]: each call gives every row named in
-    `rows` (default: all) the next number of its stream, as a (rows, 1) tensor.
-
-    They are drawn UNIFORM_BLOCK at a time per stream (one launch per stream per 64 tokens, where
-    one torch.rand per stream per token and a cat were) and handed out in order. On the CPU a block is
-    exactly the next 64 numbers that torch.rand(1) would give one at a time (mt19937's float64
-    draws do not depend on the tensor's size: tested), so each stream's t-th number, and every
-    sampled token, is what it was. On CUDA, Philox gives a block of 64 other numbers than 64
-    single draws; that is acceptable while no CUDA run exists, because each row still draws only
-    from its own stream: its t-th number depends on its stream's seed (seed, step, rollout) and on
-    t alone, whatever the batch or the number of processes.
-
-    A stream whose state was set back since its block was drawn (generate_rollouts restores the
-    streams for the eager retry of a failed compiled decode) drops the rest of its block and draws
-    again from where it now stands: checking costs one get_state per stream per token, host only."""
+    """The sampler's float64 uniforms: each call gives every row named in `rows` (default: all) the
+    next number of its own stream (streams[i]), as a (rows, 1) tensor. Drawn UNIFORM_BLOCK at a time
+    (one launch per 64 tokens); on the CPU a block is exactly the next 64 single draws (mt19937,
+    tested); on CUDA (Philox) other numbers, still row i's t-th depending on (seed, step, rollout, t)
+    alone. A stream set back since its block (the eager retry of a failed compiled decode) draws anew."""
 
     def __init__(self, streams: list[torch.Generator], device):
         self.streams = list(streams)
@@ -804,19 +841,237 @@ class Uniforms:
         return self.block[self.subset[1], at].unsqueeze(-1)
 
 
-def compile_decode(cfg: Config, device: torch.device) -> bool:
-    """The `compile` setting: auto (on for CUDA, off elsewhere), true or false. Never with fsdp
-    sharding: its weights are gathered per generation, which a compiled static graph cannot follow."""
-    if RANKS.sharding == "fsdp":
-        return False
-    return cfg.compile == "true" or (cfg.compile == "auto" and device.type == "cuda")
+def sample_next_token(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor) -> torch.Tensor:
+    """One token per row, drawn from the nucleus only: an inverse CDF over the kept tokens in
+    token-id order with one float64 uniform per row (`u`, shape rows x 1), so the draw depends on
+    the kept set, its probabilities and u alone, not on how they were found."""
+    weights = nucleus_weights(logits, temperature, top_p)
+    cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
+    total = cdf[:, -1:]
+    # A target below the total always lands on a kept token: the cdf rises only at kept tokens and
+    # reaches the total at the last one. A product u * total that rounds up to the total is moved
+    # to the float just below it, which selects that last kept token (no host sync, no extra pass).
+    target = torch.minimum(u.to(cdf.device) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
+
+
+def nucleus_weights(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Unnormalized sampling weights: exp(logits / temperature - max) on the top-p nucleus, 0 elsewhere
+    (transformers' temperature + top-p; no top-k). A row whose largest score overflows float32 (NaN in
+    transformers) takes the limit temperature -> 0: the argmax, tied maxima sharing the weight."""
+    scores = logits.float() / temperature
+    top = scores.amax(dim=-1, keepdim=True)
+    overflow = ~top.isfinite()
+    if not sampler_on_host(scores.device) or bool(overflow.any()):  # CUDA: no branch, no sync
+        largest = logits.float() == logits.float().amax(dim=-1, keepdim=True)
+        scores = torch.where(overflow, torch.where(largest, 0.0, -math.inf), scores)
+        top = top.masked_fill(overflow, 0.0)
+    kept = top_p_mask(scores, top_p)
+    return (scores - top).exp_().masked_fill_(~kept, 0.0)
+
+
+def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The kept set of top_p_reference, bit for bit (on CUDA it is top_p_reference: no sync). On the CPU
+    no ids are sorted: the removed tokens are the r lowest VALUES, so the kept set is every score >= the
+    r-th lowest; rows where that value ties a removed token, or with NaN, go to top_p_reference."""
+    if top_p >= 1.0:  # transformers adds no top-p warper at 1.0: every token with a finite score
+        return torch.isfinite(scores) | (scores == scores.max(dim=-1, keepdim=True).values)
+    if not sampler_on_host(scores.device):
+        return top_p_reference(scores, top_p)
+    values = sorted_values(scores).to(scores.device)
+    cumulative = values.softmax(dim=-1).cumsum(dim=-1)
+    n_removed = (cumulative <= (1 - top_p)).sum(dim=-1, keepdim=True).clamp(max=scores.shape[-1] - 1)
+    threshold = values.gather(-1, n_removed)
+    split_tie = (n_removed > 0) & (values.gather(-1, (n_removed - 1).clamp(min=0)) == threshold)
+    mask = scores >= threshold
+    bad = (split_tie | values[..., -1:].isnan()).squeeze(-1)
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(-1)
+        mask[rows] = top_p_reference(scores[rows], top_p)
+    return mask
+
+
+def top_p_reference(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Kept-token mask of transformers' TopPLogitsWarper: sort ascending, drop the tokens whose
+    cumulative probability is <= 1 - top_p, always keep the most likely one."""
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= (1 - top_p)
+    remove[..., -1:] = False
+    return ~remove.scatter(-1, order, remove)
+
+
+def sorted_values(scores: torch.Tensor) -> torch.Tensor:
+    """Each row's values in ascending order: what torch.sort(scores).values holds (tied tokens have
+    equal values, so their order cannot show). On CPU, numpy's vectorized sort of the values alone
+    takes ~4 ms for 8 x 151,936 scores, torch.sort (which also builds the permutation) ~100 ms."""
+    if scores.device.type == "cpu":
+        import numpy as np
+        return torch.from_numpy(np.sort(scores.detach().contiguous().numpy(), axis=-1))
+    return torch.sort(scores, dim=-1).values
+
+
+def sampler_on_host(device) -> bool:
+    """Whether the sampler runs on the CPU, where numpy can sort and a branch on a tensor's value
+    costs nothing. On CUDA such a branch stops the host until the GPU catches up (a sync), so the
+    CUDA path takes none (the tests run it on CPU tensors by making this False)."""
+    return torch.device(device).type == "cpu"
+
+
+# The decoding machinery: one decode loop for rollouts and evaluation, eager or compiled.
+
+def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, cfg: Config,
+                      streams: list[torch.Generator], use: str, rows: int | None = None,
+                      decoders: Decoders | None = None):
+    """decode() through the compiled StaticDecoder of `use` (held by `decoders`) when the `compile`
+    setting asks for it, checked against eager decoding at its first generation; eager after any
+    failure, for the rest of the run. Eager evaluation drops ended rows; the compiled one keeps its
+    shape (`rows`: the batch is filled up to that many rows, so the last batch takes the same graph)."""
+    if decoders is not None and decoders.failed is None and compile_decode(cfg, prompts[0].device):
+        states = [g.get_state() for g in streams]
+        try:
+            decoder = decoders.get(model, amp, use)
+            check_compiled_decode(decoder, model, prompts, max_new_tokens, amp, rows)
+            return decode(model, prompts, max_new_tokens, eos_id, pick, amp, decoder=decoder, rows=rows)
+        except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
+            raise
+        except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
+            decoders.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            decoders.static.clear()
+            progress(f"compiled decoding failed ({decoders.failed}); decoding eagerly from now on "
+                     "(compile: false skips the attempt)")
+            for g, state in zip(streams, states):  # the eager retry draws the same random numbers
+                g.set_state(state)
+    return decode(model, prompts, max_new_tokens, eos_id, pick, amp, drop_finished=use == "eval")
+CHECK_EVERY = 8  # decode asks the device whether every row is done (and the scores finite) every this many tokens
+
+
+def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp,
+           decoder: StaticDecoder | None = None, drop_finished: bool = False, rows: int | None = None):
+    """The one decode loop: row i continues prompts[i], one token per step chosen by pick(logits, rows),
+    until every row has emitted EOS or max_new_tokens; returns responses_of the tokens. A finished row
+    is fed EOS, so the batch keeps its shape and numbers; the host checks for the end every CHECK_EVERY
+    tokens only (one sync). drop_finished (eager evaluation) drops ended rows at those checks (pick then
+    gets the rows' original indices); a compiled `decoder` keeps every row, filled up to `rows`."""
+    n, device = len(prompts), prompts[0].device
+    safe_id = max(eos_id, 0)  # a valid token id (the pad id), fed in place of ids drawn from unusable scores
+    if decoder is not None:
+        batch, mask, positions = filled_batch(prompts, rows, safe_id)
+        logits = decoder.prefill(batch, max_new_tokens, mask, positions)
+        step = decoder.step
+    else:
+        batch, mask, positions = left_padded(prompts, safe_id)
+        logits, step, cache, padding = eager_decoder(model, batch, mask, positions, amp)
+    width = len(batch)
+    tokens = torch.full((width, max_new_tokens), eos_id, dtype=torch.long, device=device)
+    finished = torch.arange(width, device=device) >= n  # the filler rows are done from the start
+    live = list(range(width)) if drop_finished else None  # the rows still in the batch, by original index
+    index = torch.arange(width, device=device)
+    first_bad = torch.tensor(max_new_tokens + 1, device=device)  # the first new token drawn from unusable scores
+    counts = torch.arange(1, max_new_tokens + 1, device=device)  # counts[t]: a device scalar, no host-to-device copy
+    steps = 0
+    for t in range(max_new_tokens):
+        drawn = pick(logits[:n]) if live is None else pick(logits, live)
+        if len(drawn) < len(logits):
+            drawn = torch.cat([drawn, drawn.new_full((len(logits) - len(drawn),), safe_id)])
+        # NaN or +inf scores draw an out-of-range id: it never reaches the next forward (the safe id
+        # goes in its place), and the run stops at the next check, as if it had stopped right here
+        unusable = (logits.isnan() | logits.isposinf()).any()
+        first_bad = torch.where(unusable, torch.minimum(first_bad, counts[t]), first_bad)
+        nxt = torch.where(finished[index], eos_id, torch.where(unusable, safe_id, drawn))
+        tokens[index, t] = nxt
+        finished[index] |= nxt == eos_id
+        steps = t + 1
+        if steps % CHECK_EVERY == 0 or steps == max_new_tokens:
+            done, bad = torch.stack([finished.all().long(), first_bad]).tolist()  # the one host sync
+            if bad <= max_new_tokens:
+                raise NonFiniteScores(f"the model's next-token scores are NaN or infinite at new token {bad}")
+            if steps == max_new_tokens or done:
+                break
+            if live is not None and finished[index].any():  # the ended rows leave the batch
+                keep = (~finished[index]).nonzero().squeeze(-1)
+                live = [live[i] for i in keep.tolist()]
+                index, nxt = torch.tensor(live, device=device), nxt[keep]
+                drop_rows(cache, padding, keep)
+        check_stop(local=True)  # safe point for SIGINT/SIGTERM
+        logits = step(torch.where(nxt < 0, safe_id, nxt)[:, None])
+    return responses_of(tokens[:n, :steps], eos_id)
+
+
+def drop_rows(cache, padding: dict, keep: torch.Tensor) -> None:
+    """Keep only the rows `keep` of an eager decode's KV cache, attention mask and positions."""
+    for layer in cache.layers:
+        layer.batch_select_indices(keep)
+    for key in padding:
+        padding[key] = padding[key][keep]
+
+
+def responses_of(tokens: torch.Tensor, eos_id: int) -> tuple[list[torch.Tensor], list[bool]]:
+    """Each row's response, up to and including its first EOS, and whether it was cut at the limit."""
+    responses, cut = [], []
+    for row in tokens:
+        eos_at = (row == eos_id).nonzero()
+        responses.append(row[:int(eos_at[0]) + 1 if len(eos_at) else len(row)].clone())
+        cut.append(len(eos_at) == 0)
+    return responses, cut
+
+
+def left_padded(prompts: list[torch.Tensor], pad_id: int):
+    """The prompts as one batch, plus the attention mask and position ids that padding needs. Prompts
+    of one length (the rollouts: one prompt repeated) are stacked as they are, with no mask. Otherwise
+    each row is left-padded to the longest, its pads masked and its positions counting its real
+    tokens only (cumsum of the mask - 1): its numbers are the row's alone up to float rounding."""
+    if len({len(p) for p in prompts}) == 1:
+        return torch.stack(prompts), None, None
+    width = max(len(p) for p in prompts)
+    batch = prompts[0].new_full((len(prompts), width), pad_id)
+    mask = torch.zeros_like(batch)
+    for i, p in enumerate(prompts):
+        batch[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    return batch, mask, (mask.cumsum(dim=-1) - 1).masked_fill_(mask == 0, 1)
+
+
+def eager_decoder(model, batch: torch.Tensor, mask, positions, amp):
+    """Eager decoding with a DynamicCache: the prompt's last logits, and the step function that
+    feeds one token per row (growing the attention mask and moving each row's position by one)."""
+    from transformers import DynamicCache
+    cache, name = DynamicCache(config=model.config), cache_arg(model)
+    padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
+    with amp:
+        logits = next_token_scores(model, batch, cache, name, **padding)
+
+    def step(ids):
+        if padding:  # one more real column per row; each row's position moves on by one
+            padding["attention_mask"] = torch.cat([padding["attention_mask"], mask.new_ones(len(ids), 1)], dim=1)
+            padding["position_ids"] = padding["position_ids"][:, -1:] + 1
+        with amp:
+            return next_token_scores(model, ids, cache, name, **padding)
+    return logits, step, cache, padding
+
+
+def filled_batch(prompts: list[torch.Tensor], rows: int | None, pad_id: int):
+    """left_padded(prompts) for the compiled decoder. With `rows` (evaluation): copies of the first
+    prompt appended up to that many rows (the graph's one batch; the extra rows are decoded and
+    thrown away), and always a mask and position ids, so that every batch takes the same graph."""
+    if rows is None:
+        return left_padded(prompts, pad_id)
+    batch, mask, positions = left_padded(list(prompts) + [prompts[0]] * max(0, rows - len(prompts)), pad_id)
+    if mask is None:
+        mask = torch.ones_like(batch)
+        positions = torch.arange(batch.shape[1], device=batch.device).expand_as(batch).clone()
+    return batch, mask, positions
+
+
+def weight_cast_cache(amp, device_type: str):
+    # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
+    # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
+    # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
+    return torch.autocast(device_type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext()
 
 
 def cache_arg(model) -> str:
     """The name of forward's KV-cache argument: transformers 5.24 renamed past_key_values to cache
     (the old name goes away in 5.40); earlier 5.x releases know only past_key_values."""
-    import inspect
-
     return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
 
@@ -829,52 +1084,42 @@ class NonFiniteScores(Exception):
     """The model gave NaN or +inf logits: sampling from them would draw a token outside the vocabulary."""
 
 
-def bf16_linear_copy(model) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """A twin of `model` for sampling under bf16 autocast: every nn.Linear weight (and bias) held in
-    bfloat16, every other tensor (embeddings, norms, buffers) shared with the float32 master.
+def compile_decode(cfg: Config, device: torch.device) -> bool:
+    """The `compile` setting: auto (on for CUDA, off elsewhere), true or false. Never with fsdp
+    sharding: its weights are gathered per generation, which a compiled static graph cannot follow."""
+    if RANKS.sharding == "fsdp":
+        return False
+    return cfg.compile == "true" or (cfg.compile == "auto" and device.type == "cuda")
 
-    Autocast casts exactly these weights to bfloat16 (round to nearest even, what copy_ does) at
-    every forward; under the same autocast the twin computes the same numbers without that cast.
-    The tied LM head becomes its own bfloat16 tensor; the input embedding stays the shared float32
-    one, as autocast leaves embeddings alone. Returns (twin, [(master, bf16 copy)]) for refresh."""
-    import copy
 
-    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    twin = copy.deepcopy(model, memo)
-    pairs = []
-    for name, module in twin.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            for attr in ("weight", "bias"):
-                master = getattr(model.get_submodule(name), attr)
-                if master is not None:
-                    low = torch.nn.Parameter(master.detach().to(torch.bfloat16), requires_grad=False)
-                    setattr(module, attr, low)
-                    pairs.append((master, low))
-    return twin, pairs
+@dataclass
+class Decoders:
+    """The compiled decoders of one model, kept from step to step: a StaticDecoder per use (rollouts,
+    eval), its cache sized once from the longest prompt of its problems (plan), and why compiling
+    failed, if it did (every later generation then decodes eagerly)."""
+    lengths: dict = dataclasses.field(default_factory=dict)  # use -> the longest prompt + its max new tokens
+    static: dict = dataclasses.field(default_factory=dict)   # use -> (model, bf16 autocast?, StaticDecoder)
+    failed: str | None = None
+
+    def plan(self, use: str, problems: list[dict], max_new_tokens: int) -> None:
+        """After check_problems: no later prompt makes the cache grow and recompile the decode step."""
+        self.lengths[use] = max((len(p["prompt_ids"]) for p in problems), default=0) + max_new_tokens
+
+    def get(self, model, amp, use: str = "rollouts") -> StaticDecoder:
+        bf16 = isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16
+        if use not in self.static or self.static[use][:2] != (model, bf16):  # another model: a new decoder
+            self.static[use] = (model, bf16, StaticDecoder(model, amp))
+        decoder = self.static[use][2]
+        decoder.planned = self.lengths.get(use, 0)
+        return decoder
 
 
 class StaticDecoder:
-    """GPU decoding: a StaticCache (fixed shapes and addresses) and the one-token decode step under
-    torch.compile (mode reduce-overhead, i.e. CUDA graphs, on CUDA), built once per model and use
-    (rollouts, evaluation) and kept across steps. The first generation compiles (tens of seconds; the
-    benchmark warms it up outside its timings). The cache is sized once, from the longest prompt of
-    the data (plan_decode_length, after check_problems): a longer one would need a larger cache and
-    a whole new compile.
-
-    Left-padded batches (evaluation) carry a (rows, cache length) attention mask and each row's
-    position id as graph inputs, updated in place per step; rows that have ended stay in the batch
-    (fed EOS), so every step has the one compiled shape.
-
-    Under bf16 autocast it decodes with bf16_linear_copy(model), refreshed from the float32 master
-    at the start of every generation, so after every optimizer step: one weight cast per training
-    step instead of one per generated token, from exactly the bf16-rounded weights autocast uses.
-    Its cache holds keys and values in bfloat16 (the k-norm's float32 weight makes float32 keys,
-    which the attention casts to bfloat16 under autocast anyway: the same numbers, half the bytes).
-
-    Exact in float32 only: in bf16 (autocast or bf16 weights) the static cache keeps values in
-    bfloat16 (the DynamicCache of eager decoding promotes them to float32 under autocast) and
-    compiled kernels round differently, so logits differ from the eager decode's by a few bf16 ulps
-    and sampled tokens can differ (see compiled_tolerance)."""
+    """GPU decoding: a StaticCache and the one-token decode step under torch.compile (CUDA graphs on CUDA), built once
+    per use and kept across steps; the cache is sized once (Decoders.plan), since a longer prompt would recompile.
+    Padded batches (evaluation) carry mask and positions as graph inputs, updated in place. Under bf16 autocast it
+    decodes with bf16_linear_copy(model) (one weight cast per step, not per token). Exact in float32 only: in bf16
+    the cache keeps bfloat16 values and compiled kernels round differently, a few bf16 ulps (compiled_tolerance)."""
 
     def __init__(self, model, amp):
         self.bf16 = isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16
@@ -887,6 +1132,7 @@ class StaticDecoder:
         self.filled = 0  # columns of the cache written so far (a Python int: no sync)
         self.cache_name = cache_arg(self.model)
         self.checked = False  # compared with eager decoding at the first generation (check_compiled_decode)
+        self.planned = 0  # the cache length the whole run needs (Decoders.plan)
         mode = "reduce-overhead" if self.device_type == "cuda" else "default"
         self.compiled_step = torch.compile(self._forward, mode=mode, dynamic=False)
 
@@ -898,23 +1144,18 @@ class StaticDecoder:
         with self._amp():
             return next_token_scores(self.model, ids, self.cache, self.cache_name, **padding)
 
-    def prefill(self, batch: torch.Tensor, max_new_tokens: int, mask=None, positions=None,
-                planned: int = 0) -> torch.Tensor:
-        """Refresh the bf16 twin, run the prompt eagerly (its length varies) into a DynamicCache,
-        then copy that cache into the static one, whose tensors keep their addresses across
-        generations. Under autocast keys and values come out in different dtypes (Qwen3: float32
-        keys from the k-norm, bfloat16 values), which StaticCache's own lazy allocation cannot
-        hold: both are stored in bfloat16 (the cast the attention makes anyway). `planned` is the
-        cache length the whole run needs (plan_decode_length), so that it is allocated once."""
+    def prefill(self, batch: torch.Tensor, max_new_tokens: int, mask=None, positions=None) -> torch.Tensor:
+        """Refresh the bf16 twin, run the prompt eagerly (its length varies) into a DynamicCache, copy
+        it into the static cache (allocated once, `planned` long). Under autocast Qwen3 gives float32
+        keys and bfloat16 values, which StaticCache cannot hold: both are stored in bfloat16."""
         from transformers import DynamicCache, StaticCache
-
         for master, low in self.pairs:
             low.copy_(master)
         prompt_cache = DynamicCache(config=self.model.config)
         padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
         with self._amp():
             logits = next_token_scores(self.model, batch, prompt_cache, self.cache_name, **padding)
-        need = max(batch.shape[1] + max_new_tokens, planned)
+        need = max(batch.shape[1] + max_new_tokens, self.planned)
         if self.cache is None or need > self.cache_len or batch.shape[0] != self.batch_size:
             self.cache_len, self.batch_size = -(-need // 256) * 256, batch.shape[0]
             self.cache = StaticCache(config=self.model.config, max_cache_len=self.cache_len)
@@ -953,11 +1194,27 @@ class StaticDecoder:
             return self.compiled_step(ids, *padding).clone()  # the graph's output buffer is reused by the next step
 
 
+def bf16_linear_copy(model) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A twin of `model` for sampling under bf16 autocast: every nn.Linear weight and bias in bfloat16
+    (the casts autocast makes at every forward, so the same numbers), everything else shared with the
+    float32 master (a tied LM head gets its own copy). Returns (twin, [(master, bf16 copy)])."""
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    twin = copy.deepcopy(model, memo)
+    pairs = []
+    for name, module in twin.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            for attr in ("weight", "bias"):
+                master = getattr(model.get_submodule(name), attr)
+                if master is not None:
+                    low = torch.nn.Parameter(master.detach().to(torch.bfloat16), requires_grad=False)
+                    setattr(module, attr, low)
+                    pairs.append((master, low))
+    return twin, pairs
+
+
 def stored_as_cache_dtype(layer):
-    """The layer's update, casting the new keys and values to the cache's dtype first (bfloat16
-    under autocast, where the k-norm gives float32 keys): what Inductor's index_copy_ does
-    implicitly, so the compiled numbers stay, and the step also runs uncompiled (eager index_copy_
-    refuses two dtypes), e.g. under TORCH_COMPILE_DISABLE."""
+    """The layer's update, casting new keys and values to the cache's dtype first: what Inductor's
+    index_copy_ does implicitly, so the step also runs uncompiled (TORCH_COMPILE_DISABLE)."""
     update = layer.update
 
     def cast_update(key_states, value_states, *args, **kwargs):
@@ -967,13 +1224,10 @@ def stored_as_cache_dtype(layer):
 
 @contextmanager
 def packed_gqa():
-    """Grouped-query attention of one query token without repeating K and V to every head:
-    transformers' sdpa path packs the query heads onto the key/value heads for a one-token step
-    when eager (pack_gqa), but under torch.compile with a mask (the static cache always has one) it
-    materializes repeat_kv copies of the whole static cache per layer per step. Same sums, one
-    query matrix per key/value head; the compiled-vs-eager check holds it to eager decoding."""
+    """Grouped-query attention of one query token without repeating K and V to every head: under
+    torch.compile with a mask transformers' sdpa path copies the whole static cache per layer per
+    step (repeat_kv); eager packs the query heads instead. Same sums; the compiled check holds it."""
     from transformers.integrations import sdpa_attention
-
     was = sdpa_attention.is_torchdynamo_compiling
     sdpa_attention.is_torchdynamo_compiling = _traced_as_eager  # one function object: dynamo guards on it
     try:
@@ -986,135 +1240,26 @@ def _traced_as_eager() -> bool:
     return False
 
 
-_STATIC_DECODERS: dict = {}  # (id(model), use) -> (model, amp kind, StaticDecoder)
-DECODE_LENGTH: dict = {}  # use ("rollouts", "eval") -> the longest prompt + its max new tokens (plan_decode_length)
-
-
-def plan_decode_length(use: str, problems: list[dict], max_new_tokens: int) -> None:
-    """Size the static cache of `use` once, from the longest tokenized prompt (after check_problems),
-    so that no later prompt makes it grow and recompile the decode step."""
-    DECODE_LENGTH[use] = max((len(p["prompt_ids"]) for p in problems), default=0) + max_new_tokens
-
-
-def static_decoder(model, amp, use: str = "rollouts") -> StaticDecoder:
-    key = (isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16)
-    held = _STATIC_DECODERS.get((id(model), use))
-    if held is None or held[0] is not model or held[1] != key:
-        for k in [k for k, v in _STATIC_DECODERS.items() if v[0] is not model or v[1] != key or k[1] == use]:
-            del _STATIC_DECODERS[k]  # one model per process: free a previous twin and cache
-        held = _STATIC_DECODERS[(id(model), use)] = (model, key, StaticDecoder(model, amp))
-    return held[2]
-
-
-def sampling_pick(streams: list[torch.Generator], temperature: float, top_p: float, device):
-    """The next-token rule of the rollouts: temperature + top-p, row i drawing from streams[i].
-    `rows` names the batch's rows still decoded when finished ones were dropped (None: all)."""
-    uniforms = Uniforms(streams, device)
-
-    def pick(logits, rows=None):
-        return sample_next_token(logits, temperature, top_p, uniforms(rows))
-    return pick
-
-
-def greedy_pick(logits: torch.Tensor, rows=None) -> torch.Tensor:
-    """Greedy decoding: the argmax of the float32 logits, no warper (the first of tied maxima)."""
-    return logits.float().argmax(dim=-1)
-
-
-def weight_cast_cache(amp, device_type: str):
-    # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
-    # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
-    # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
-    return torch.autocast(device_type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext()
-
-
-@torch.no_grad()
-def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
-                      streams: list[torch.Generator], amp) -> tuple[list[torch.Tensor], list[bool]]:
-    """One rollout per random stream (the group's, see rollout_streams), all of one prompt, in one
-    batched decode loop with a KV cache.
-
-    Sampling settings come from cfg alone (temperature, top-p, no top-k, max_new_tokens, EOS), so
-    neither transformers' defaults nor the model's generation_config can leak in. A response is
-    its tokens up to and including the first EOS; one cut at max_new_tokens has no EOS.
-
-    The model forward is eager with a DynamicCache, or (setting `compile`, default on CUDA) a
-    StaticDecoder; the sampling code is the same either way. Both give the model's own full-forward
-    logits: exactly in float32, within a few bf16 ulps in bf16 (see StaticDecoder)."""
-    prompts = [prompt_ids] * len(streams)
-    pick = sampling_pick(streams, cfg.temperature, cfg.top_p, prompt_ids.device)
-    with weight_cast_cache(amp, prompt_ids.device.type):
-        return compiled_or_eager(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, cfg, streams, "rollouts")
-
-
-def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, cfg: Config,
-                      streams: list[torch.Generator], use: str, rows: int | None = None):
-    """decode() through the compiled StaticDecoder of `use` when the `compile` setting asks for it,
-    checked against eager decoding at its first generation; eager after any failure, for the rest
-    of the process. Eager evaluation drops ended rows; the compiled one keeps its shape (`rows`:
-    the batch is filled up to that many rows, so the last batch takes the same graph)."""
-    drop = use == "eval"
-    if compile_decode(cfg, prompts[0].device) and not COMPILE_FAILED:
-        states = [g.get_state() for g in streams]
-        try:
-            check_compiled_decode(model, prompts, max_new_tokens, amp, use, rows)
-            return decode(model, prompts, max_new_tokens, eos_id, pick, amp, compiled=True, use=use, rows=rows)
-        except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
-            raise
-        except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
-            COMPILE_FAILED.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            _STATIC_DECODERS.clear()
-            progress(f"compiled decoding failed ({COMPILE_FAILED[0]}); decoding eagerly from now on "
-                     "(compile: false skips the attempt)")
-            for g, state in zip(streams, states):  # the eager retry draws the same random numbers
-                g.set_state(state)
-    return decode(model, prompts, max_new_tokens, eos_id, pick, amp, compiled=False, drop_finished=drop)
-
-
-COMPILE_FAILED: list[str] = []  # why the compiled decoder failed in this process, if it did
-
-
-def eager_decoder(model, batch: torch.Tensor, mask, positions, amp):
-    """Eager decoding with a DynamicCache: the prompt's last logits, and the step function that
-    feeds one token per row (growing the attention mask and moving each row's position by one)."""
-    from transformers import DynamicCache
-
-    cache, name = DynamicCache(config=model.config), cache_arg(model)
-    padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
-    with amp:
-        logits = next_token_scores(model, batch, cache, name, **padding)
-
-    def step(ids):
-        if padding:  # one more real column per row; each row's position moves on by one
-            padding["attention_mask"] = torch.cat([padding["attention_mask"], mask.new_ones(len(ids), 1)], dim=1)
-            padding["position_ids"] = padding["position_ids"][:, -1:] + 1
-        with amp:
-            return next_token_scores(model, ids, cache, name, **padding)
-    return logits, step, cache, padding
-
-
-def filled_batch(prompts: list[torch.Tensor], rows: int | None, pad_id: int):
-    """left_padded(prompts) for the compiled decoder. With `rows` (evaluation): copies of the first
-    prompt appended up to that many rows (the graph's one batch; the extra rows are decoded and
-    thrown away), and always a mask and position ids, so that every batch takes the same graph."""
-    if rows is None:
-        return left_padded(prompts, pad_id)
-    batch, mask, positions = left_padded(list(prompts) + [prompts[0]] * max(0, rows - len(prompts)), pad_id)
-    if mask is None:
-        mask = torch.ones_like(batch)
-        positions = torch.arange(batch.shape[1], device=batch.device).expand_as(batch).clone()
-    return batch, mask, positions
+def check_compiled_decode(decoder: StaticDecoder, model, prompts: list[torch.Tensor], max_new_tokens: int, amp,
+                          rows: int | None = None) -> None:
+    """At the decoder's first generation: compare a few decode steps with eager decoding; beyond the
+    tolerance (or NaN) raise, so that compiled_or_eager falls back to eager with the difference on stderr."""
+    if decoder.checked:
+        return
+    worst, scale = compiled_decode_difference(decoder, model, prompts, max_new_tokens, amp, rows)
+    tolerance = compiled_tolerance(scale, decoder.low_precision)
+    if not worst <= tolerance:  # NaN fails too
+        raise RuntimeError(f"its logits differ from eager decoding by {worst:.3g} (tolerance {tolerance:.3g} "
+                           f"for logits up to {scale:.3g})")
+    decoder.checked = True
 
 
 def compiled_decode_difference(decoder: StaticDecoder, model, prompts: list[torch.Tensor], max_new_tokens: int,
-                               amp, use: str = "rollouts", rows: int | None = None,
-                               steps: int = 4) -> tuple[float, float]:
-    """(max |compiled - eager| over the logits of a prefill and `steps` decode steps, the largest
-    |eager logit|): both fed the same tokens (eager's argmax) from the same prompts, at the
-    generation's batch shape and cache length, so the compiled graph checked is the one generation
-    then uses."""
+                               amp, rows: int | None = None, steps: int = 4) -> tuple[float, float]:
+    """(max |compiled - eager| over the logits of a prefill and `steps` decode steps, the largest |eager
+    logit|): both fed eager's argmax, at the generation's shapes, so the graph checked is the one used."""
     batch, mask, positions = filled_batch(prompts, rows, 0)
-    compiled = decoder.prefill(batch, max_new_tokens, mask, positions, DECODE_LENGTH.get(use, 0))
+    compiled = decoder.prefill(batch, max_new_tokens, mask, positions)
     eager, eager_step, _, _ = eager_decoder(model, batch, mask, positions, amp)
     worst, scale = (compiled.float() - eager.float()).abs().max(), eager.float().abs().max()
     for _ in range(steps):
@@ -1127,127 +1272,47 @@ def compiled_decode_difference(decoder: StaticDecoder, model, prompts: list[torc
 
 
 def compiled_tolerance(scale: float, bf16: bool) -> float:
-    """How far compiled logits may lie from eager ones: different kernels round differently, by a
-    few units in the last place of the compute dtype, relative to the largest |logit| (`scale`).
-    `bf16`: the logits are computed in bfloat16, under bf16 autocast or from bf16 weights
-    (precision: bf16). Measured (python benchmarks/compiled_vs_eager.py, CPU inductor, 8 decode
-    steps): float32 up to 6e-7 x scale, bf16 autocast up to 6.5e-3 x scale here and 1.9e-2 (0.125
-    at 6.6) in an earlier measurement, bf16 weights up to 7.9e-3 x scale (0.0195 at 2.47 on the
-    stand-in, 6.5e-3 on the tiny model; `--precisions bf16,bf16-autocast --prompts 2`). Tolerances: float32 1e-5,
-    bf16 1/16 (8 bf16 ulps): a real fault (a decode step without its context, a stale weight copy)
-    moves logits by a sizeable part of their range."""
+    """How far compiled logits may lie from eager ones, relative to the largest |logit| (`scale`).
+    Measured (benchmarks/compiled_vs_eager.py, 8 steps): float32 6e-7, bf16 autocast 1.9e-2, bf16
+    weights 7.9e-3. Allowed: float32 1e-5, bf16 1/16 (8 bf16 ulps); a real fault (a step without its
+    context, a stale weight copy) moves logits by a sizeable part of their range."""
     return (0.0625 if bf16 else 1e-5) * max(scale, 1.0)
-
-
-def check_compiled_decode(model, prompts: list[torch.Tensor], max_new_tokens: int, amp, use: str = "rollouts",
-                          rows: int | None = None) -> None:
-    """At the first compiled generation of `use` in the process: compare a few decode steps with
-    eager decoding; beyond the tolerance (or NaN) raise, so that compiled_or_eager falls back to
-    eager with the difference on stderr."""
-    decoder = static_decoder(model, amp, use)
-    if decoder.checked:
-        return
-    worst, scale = compiled_decode_difference(decoder, model, prompts, max_new_tokens, amp, use, rows)
-    tolerance = compiled_tolerance(scale, decoder.low_precision)
-    if not worst <= tolerance:  # NaN fails too
-        raise RuntimeError(f"its logits differ from eager decoding by {worst:.3g} (tolerance {tolerance:.3g} "
-                           f"for logits up to {scale:.3g})")
-    decoder.checked = True
-
-
-def left_padded(prompts: list[torch.Tensor], pad_id: int):
-    """The prompts as one batch, plus the attention mask and position ids that padding needs.
-
-    Prompts of one length (the rollouts: one prompt repeated) are stacked as they are, with no
-    mask and no position ids, so that path computes exactly what it did before evaluation existed.
-    Otherwise row i is left-padded to the longest: its pads are masked out and its positions count
-    its real tokens only (cumsum of the mask - 1), so its numbers are those of the row alone up to
-    float rounding, and its last real token sits in the last column, where every row continues."""
-    if len({len(p) for p in prompts}) == 1:
-        return torch.stack(prompts), None, None
-    width = max(len(p) for p in prompts)
-    batch = prompts[0].new_full((len(prompts), width), pad_id)
-    mask = torch.zeros_like(batch)
-    for i, p in enumerate(prompts):
-        batch[i, width - len(p):], mask[i, width - len(p):] = p, 1
-    return batch, mask, (mask.cumsum(dim=-1) - 1).masked_fill_(mask == 0, 1)
-
-
-CHECK_EVERY = 8  # decode asks the device whether every row is done (and the scores finite) every this many tokens
-
-
-def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, compiled: bool,
-           drop_finished: bool = False, use: str = "rollouts", rows: int | None = None):
-    """The one decode loop of rollouts and evaluation: row i continues prompts[i], one token per
-    step chosen by pick(logits, rows), a KV cache, until every row has emitted EOS or
-    max_new_tokens. Returns each row's response (up to and including its first EOS) and whether
-    it was cut at the limit (no EOS).
-
-    A finished row keeps being fed EOS and its later tokens are dropped, so the batch keeps its
-    shape and its numbers. The host learns whether all rows are done only every CHECK_EVERY tokens
-    (one sync, not one per token): up to CHECK_EVERY - 1 steps more run, whose tokens are dropped.
-    Eager evaluation (drop_finished True) also lets the ended rows leave the batch (cache, mask,
-    positions) at those checks, so a batch whose rows end at different lengths stops paying for
-    them; pick then gets the original indices of the rows left. The compiled StaticDecoder (`use`:
-    which one) keeps every row, filled up to `rows` rows with copies of the first prompt."""
-    n, device = len(prompts), prompts[0].device
-    safe_id = max(eos_id, 0)  # a valid token id (the pad id), fed in place of ids drawn from unusable scores
-    if compiled:
-        decoder = static_decoder(model, amp, use)
-        batch, mask, positions = filled_batch(prompts, rows, safe_id)
-        logits = decoder.prefill(batch, max_new_tokens, mask, positions, DECODE_LENGTH.get(use, 0))
-        step = decoder.step
-    else:
-        batch, mask, positions = left_padded(prompts, safe_id)
-        logits, step, cache, padding = eager_decoder(model, batch, mask, positions, amp)
-    width = len(batch)
-    tokens = torch.full((width, max_new_tokens), eos_id, dtype=torch.long, device=device)
-    finished = torch.arange(width, device=device) >= n  # the filler rows are done from the start
-    live = list(range(width)) if drop_finished else None  # the rows still in the batch, by original index
-    index = torch.arange(width, device=device)
-    first_bad = torch.tensor(max_new_tokens + 1, device=device)  # the first new token drawn from unusable scores
-    counts = torch.arange(1, max_new_tokens + 1, device=device)  # counts[t]: a device scalar, no host-to-device copy
-    steps = 0
-    for t in range(max_new_tokens):
-        drawn = pick(logits[:n]) if live is None else pick(logits, live)
-        if len(drawn) < len(logits):
-            drawn = torch.cat([drawn, drawn.new_full((len(logits) - len(drawn),), safe_id)])
-        # NaN or +inf scores draw an out-of-range id: it never reaches the next forward (the safe id
-        # goes in its place), and the run stops at the next check, as if it had stopped right here
-        unusable = (logits.isnan() | logits.isposinf()).any()
-        first_bad = torch.where(unusable, torch.minimum(first_bad, counts[t]), first_bad)
-        nxt = torch.where(finished[index], eos_id, torch.where(unusable, safe_id, drawn))
-        tokens[index, t] = nxt
-        finished[index] |= nxt == eos_id
-        steps = t + 1
-        if steps % CHECK_EVERY == 0 or steps == max_new_tokens:
-            done, bad = torch.stack([finished.all().long(), first_bad]).tolist()  # the one host sync
-            if bad <= max_new_tokens:
-                raise NonFiniteScores(f"the model's next-token scores are NaN or infinite at new token {bad}")
-            if steps == max_new_tokens or done:
-                break
-            if live is not None and finished[index].any():  # the ended rows leave the batch
-                keep = (~finished[index]).nonzero().squeeze(-1)
-                live = [live[i] for i in keep.tolist()]
-                index = torch.tensor(live, device=device)
-                for layer in cache.layers:
-                    layer.batch_select_indices(keep)
-                for key in padding:
-                    padding[key] = padding[key][keep]
-                nxt = nxt[keep]
-        check_stop(local=True)  # safe point for SIGINT/SIGTERM
-        logits = step(torch.where(nxt < 0, safe_id, nxt)[:, None])
-    responses, cut = [], []
-    for row in tokens[:n, :steps]:
-        eos_at = (row == eos_id).nonzero()
-        e = int(eos_at[0]) + 1 if len(eos_at) else steps
-        responses.append(row[:e].clone())
-        cut.append(len(eos_at) == 0)
-    return responses, cut
 
 
 # ----------------------------------------------------------------------------------------------
 # Rewards
+
+@dataclass
+class Group:
+    """The whole group's rollouts, in rollout order (gathered from every rank)."""
+    texts: list[str]
+    scored: list[tuple]  # (reward, extracted answer, status) per rollout
+    tokens: list[int]
+    cut: list[bool]
+    rewards: torch.Tensor
+    zero_variance: bool  # every reward equal: decided here, once (equal_rewards); every later move reads it
+
+
+def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answer: str, t: Trainer) -> Group:
+    """Score this rank's rollouts with the verifier; every rank receives the whole group (the
+    advantages standardize over all of it)."""
+    note(f"step {step}: rewards")
+    texts = [t.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
+    scored = score_rollouts(t.scorer, texts, answer)
+    group = [x for share in gather_objects((texts, scored, [len(r) for r in responses], cut)) for x in zip(*share)]
+    texts, scored, tokens, cut = map(list, zip(*group))
+    rewards = torch.tensor([s[0] + format_bonus(s[2], c, t.cfg.format_reward) for s, c in zip(scored, cut)],
+                           dtype=torch.float32)
+    check_stop()  # safe point for SIGINT/SIGTERM
+    progress(f"[step {step}] rewards {rewards.tolist()}; backward")
+    return Group(texts, scored, tokens, cut, rewards, equal_rewards(rewards))
+
+
+def equal_rewards(rewards: torch.Tensor) -> bool:
+    """A zero-variance group: its advantages are all exactly 0, so its gradient is 0 (the spec's
+    check that nothing moves but AdamW's momentum and weight decay)."""
+    return bool((rewards == rewards[0]).all())
+
 
 def score_rollouts(scorer: verifier.TimedVerifier, texts: list[str], gold: str) -> list[tuple[float, str | None, str]]:
     """(reward, extracted answer, status) per rollout. The verifier runs in a worker process with a
@@ -1255,17 +1320,26 @@ def score_rollouts(scorer: verifier.TimedVerifier, texts: list[str], gold: str) 
     return [scorer.score(text, gold) for text in texts]
 
 
+def format_bonus(status: str, was_cut: bool, weight: float) -> float:
+    """format_reward: weight w for a response that ends with EOS (not cut at the limit) and holds a
+    final \\boxed{} answer the verifier could read (status correct or wrong, not no_answer), as the
+    prompt asks; 0 otherwise. The verifier's reward, and so the correct count, stays its own."""
+    return weight if weight and status in ("correct", "wrong") and not was_cut else 0.0
+
+
 # ----------------------------------------------------------------------------------------------
 # Advantages
 
-def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str = "group") -> torch.Tensor:
+def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str = "group", *,
+                       zero_variance: bool) -> torch.Tensor:
     """Within the group only (advantage_std):
       group (the spec):   A_i = (r_i - mean(r)) / (std_unbiased(r) + eps)
       none  (Dr. GRPO):   A_i =  r_i - mean(r)
 
-    If all rewards are equal every advantage is exactly 0 (for rewards such as 8 x 0.1, whose
-    float32 mean need not be 0.1 exactly, the formula alone would leave a rounding residue)."""
-    if bool((rewards == rewards[0]).all()):
+    A zero-variance group (the Group's flag, decided by equal_rewards when it was scored) has every advantage
+    exactly 0 (for rewards such as 8 x 0.1, whose float32 mean need not be 0.1 exactly, the formula
+    alone would leave a rounding residue)."""
+    if zero_variance:
         return torch.zeros_like(rewards)
     if advantage_std == "none":
         return rewards - rewards.mean()
@@ -1275,11 +1349,181 @@ def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str
 # ----------------------------------------------------------------------------------------------
 # Log-probabilities and loss
 
-def gathered_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] per position, in float32, as the gathered logit minus logsumexp:
-    no full-vocabulary log-softmax tensor is built."""
-    logits = logits.float()
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+@dataclass
+class LossTerms:
+    """What goes into each response's term beyond the spec's (the settings of one pass; with the
+    defaults, the spec's term alone). loss_terms builds it from the settings."""
+    divisors: list[int]                       # per response of this rank (loss_divisors)
+    reference: torch.nn.Module | None = None  # kl_coef > 0: the frozen weights the run started from
+    kl_coef: float = 0.0
+    old: list | None = None                   # a later epoch of ppo_epochs: the first pass's token log-probs
+    clip_low: float = 0.2                     # the ratio is clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.2
+    masked: list[bool] | None = None          # mask_truncated_completions: the responses that have no term
+
+
+@dataclass
+class Pass:
+    """What one forward + backward pass over a group's responses measured (accumulate_policy_gradient;
+    backpropagate_group sums the ranks' into the whole group's)."""
+    loss: float                               # the policy loss: the terms summed in response order
+    seq_log_probs: list                       # sum_t l_it per response (None: the pass was skipped)
+    token_log_probs: list | None = None       # l_it per response of this rank, detached (None: skipped)
+    kl: float = 0.0                           # sum of k3 over the tokens (kl_coef)
+    clipped: float = 0.0                      # tokens whose ratio the clip holds (ppo_epochs > 1)
+
+
+def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
+                        advantages: torch.Tensor, t: Trainer, first_pass: list | None = None) -> Pass:
+    """accumulate_policy_gradient over this rank's responses, the gradients then summed across ranks
+    so that every rank holds the whole group's. first_pass: a later epoch of ppo_epochs (the first
+    pass's token log-probs). Returns the group's Pass (token log-probs: this rank's)."""
+    mine = rank_share(t.cfg.group_size)
+    terms = loss_terms(t, group, first_pass, mine)
+    with agreed("backward", step, longest=max(len(r) for r in responses), prompt_tokens=len(prompt_ids), cfg=t.cfg):
+        p = accumulate_policy_gradient(t.model, t.params, prompt_ids, responses, advantages[mine.start:mine.stop].to(
+            t.device), t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size, terms.divisors,
+            terms, group.zero_variance)
+    if not group.zero_variance or t.cfg.kl_coef:
+        sum_gradients(t.params)
+    shares = gather_objects((p.loss, p.seq_log_probs, p.kl, p.clipped))
+    note(f"step {step}: optimizer step")
+    check_stop()  # the last safe point: nothing of this step has touched the weights or AdamW yet
+    return Pass(sum(s[0] for s in shares), [x for s in shares for x in s[1]], p.token_log_probs,
+                sum(s[2] for s in shares), sum(s[3] for s in shares))
+
+
+def loss_terms(t: Trainer, group: Group, first_pass: list | None, mine: range) -> LossTerms:
+    """The settings' LossTerms for this rank's responses: the divisors of loss_aggregation (a masked
+    response's tokens do not count), the KL's reference, a later epoch's old log-probs, the clip range."""
+    cfg = t.cfg
+    masked = [cfg.mask_truncated_completions and c for c in group.cut]
+    counted = [0 if m else n for n, m in zip(group.tokens, masked)]
+    divisors = loss_divisors(cfg.loss_aggregation, counted if any(masked) else group.tokens, cfg.max_new_tokens)
+    return LossTerms(divisors[mine.start:mine.stop], t.reference, cfg.kl_coef, first_pass, cfg.clip_eps,
+                     cfg.clip_eps_high or cfg.clip_eps, masked[mine.start:mine.stop] if any(masked) else None)
+
+
+def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp,
+                               logprob_batch_size: int = 1, divisors: list[int] | None = None,
+                               terms: LossTerms | None = None, zero_variance: bool = False) -> Pass:
+    """Zero the gradient once, then forward + backward one response at a time (the spec), so only one response's
+    graph is alive at once; logprob_batch_size > 1 runs that many per forward + backward (batch_token_log_probs):
+    the same gradient up to float rounding. Every response's term comes from response_loss. A zero-variance group
+    (every A_i = 0) has an exactly-zero gradient: its passes are skipped, unless a KL term gives it one."""
+    zero_gradients(params)
+    terms = terms or LossTerms([group_size] * len(responses) if divisors is None else divisors)
+    if zero_variance and not terms.kl_coef:
+        return Pass(0.0, [None] * len(responses))
+    losses, seq_lps, token_lps, kls, held = [], [], [], [], []
+    size = max(1, int(logprob_batch_size))
+    for start in range(0, len(responses), size):
+        check_stop()  # safe point for SIGINT/SIGTERM: the weights are untouched until the optimizer step
+        chunk = responses[start:start + size]
+        lps = ([token_log_probs(model, prompt_ids, chunk[0], amp)] if len(chunk) == 1
+               else batch_token_log_probs(model, prompt_ids, chunk, amp))
+        refs = [None] * len(chunk)
+        if terms.kl_coef:
+            with torch.no_grad():
+                refs = [token_log_probs(terms.reference, prompt_ids, r, amp) for r in chunk]
+        seqs = [sequence_log_prob(lp) for lp in lps]
+        parts = [response_loss(advantages[start + j], lp, seq, terms, start + j, ref) for j, (lp, seq, ref) in
+                 enumerate(zip(lps, seqs, refs))]
+        live = [loss for loss, _, _ in parts if loss.requires_grad]
+        if live:
+            (live[0] if len(live) == 1 else torch.stack(live).sum()).backward()
+        losses += [loss.detach() for loss, _, _ in parts]
+        kls += [kl for _, kl, _ in parts if kl is not None]
+        held += [h for _, _, h in parts if h is not None]
+        seq_lps += [seq.detach() for seq in seqs]
+        token_lps += [lp.detach() for lp in lps]
+    # one host sync for the whole group, not two per response
+    loss_values, seq_log_probs = torch.stack([torch.stack(losses), torch.stack(seq_lps)]).tolist()
+    total = 0.0
+    for value in loss_values:  # summed in response order
+        total += value
+    sums = torch.stack([torch.stack(x).sum().float() if x else torch.zeros(()) for x in (kls, held)]).tolist()
+    return Pass(total, seq_log_probs, token_lps, *sums)
+
+
+def response_loss(advantage: torch.Tensor, log_probs: torch.Tensor, seq_log_prob: torch.Tensor, terms: LossTerms,
+                  i: int, ref_log_probs: torch.Tensor | None = None):
+    """Response i's term of the loss, its tokens' terms summed and divided by divisor_i (loss_divisors),
+    and what it measured (the KL's sum, the tokens the clip holds; None when off). seq_log_prob is
+    sequence_log_prob(log_probs), summed once by the caller, which also reports it:
+      the spec (and every first epoch)   -A_i sum_t l_it                                 policy_loss
+      a later epoch of ppo_epochs        -sum_t min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i)
+      with kl_coef = beta > 0, plus      +beta sum_t k3_it              (q_it: the reference's) kl_k3
+      mask_truncated_completions         0 for a response cut at max_new_tokens (TRL's: its tokens leave
+                                         the loss, the KL's too)
+    Variants' terms sit here beside the spec's: docs/variants.md, "adding a variant"."""
+    divisor, kl, held = terms.divisors[i], None, None
+    if terms.masked is not None and terms.masked[i]:
+        return torch.zeros((), device=log_probs.device), kl, held
+    if terms.old is None:
+        loss = policy_loss(advantage, seq_log_prob, divisor)
+    else:
+        objective, held = clipped_objective(advantage, log_probs, terms.old[i], terms.clip_low, terms.clip_high)
+        loss = -objective / divisor
+    if terms.kl_coef:
+        k3 = kl_k3(ref_log_probs, log_probs)
+        kl = k3.detach().sum()
+        loss = loss + terms.kl_coef * k3.sum() / divisor
+    return loss, kl, held
+
+
+def sequence_log_prob(token_log_probs: torch.Tensor) -> torch.Tensor:
+    """sequence_log_prob_i = sum_t log p_theta(response_token_t | prompt, earlier_response_tokens).
+    A SUM over the response, never a mean over its length."""
+    return token_log_probs.sum()
+
+
+def policy_loss(advantage: torch.Tensor, seq_log_prob: torch.Tensor, divisor: int) -> torch.Tensor:
+    """One response's term of policy_loss = -(1/G) * sum_i stopgrad(A_i) * sequence_log_prob_i
+    (divisor G, the spec), or of a variant's aggregation (divisor from loss_divisors)."""
+    return -(advantage.detach() * seq_log_prob) / divisor
+
+
+def kl_k3(ref_log_probs: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
+    """kl_coef: the k3 estimator of KL(policy || reference) per token, with q_it the frozen reference's
+    log-probability:  k3_it = exp(q_it - l_it) - (q_it - l_it) - 1.  Never negative; exactly 0, with
+    a zero gradient, where q_it = l_it (so at step 1, whose weights are the reference's)."""
+    d = ref_log_probs - log_probs
+    return torch.exp(d) - d - 1
+
+
+def clipped_objective(advantage: torch.Tensor, log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                      clip_low: float, clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ppo_epochs > 1, every epoch after the first: PPO's clipped objective summed over a response's tokens,
+      sum_t min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i),   rho_it = exp(l_it - l_old_it),
+    l_old the log-probabilities of the group's first pass, eps_low = clip_eps, eps_high = clip_eps_high
+    (DAPO's clip-higher; default eps_low); and how many tokens the clip holds (their ratio outside the
+    range on the side A_i pushes it to: their gradient is 0)."""
+    a, high = advantage.detach(), clip_low if clip_high is None else clip_high
+    ratio = torch.exp(log_probs - old_log_probs)
+    objective = torch.minimum(ratio * a, ratio.clamp(1 - clip_low, 1 + high) * a).sum()
+    held = ((ratio < 1 - clip_low) & (a < 0)) | ((ratio > 1 + high) & (a > 0))
+    return objective, held.sum()
+
+
+def loss_divisors(aggregation: str, lengths: list[int], max_new_tokens: int) -> list[int]:
+    """How each response's token sum is scaled (loss_aggregation); lengths are the group's L_i
+    (EOS included), G = len(lengths). Response i's term is -A_i * (sum_t x_it) / divisor_i with
+    x_it = l_it, the token log-probabilities (a KL or ratio term per token can use the same divisors):
+      sequence_sum  (the spec):       -(1/G) sum_i A_i sum_t l_it                  divisor G
+      sequence_mean (GRPO paper):     -(1/G) sum_i A_i (1/L_i) sum_t l_it          divisor G L_i
+      token_mean    (DAPO):           -(1/sum_j L_j) sum_i A_i sum_t l_it          divisor sum_j L_j
+      dr_grpo       (Dr. GRPO):       -(1/(G max_new_tokens)) sum_i A_i sum_t l_it  divisor G max_new_tokens
+    Integers, so the spec's divisor G is exactly the one it always was. token_mean and dr_grpo are
+    the spec's loss times a positive factor per group; sequence_mean weighs short responses up."""
+    G = len(lengths)
+    if aggregation == "sequence_mean":
+        return [G * n for n in lengths]
+    if aggregation == "token_mean":
+        return [sum(lengths)] * G
+    if aggregation == "dr_grpo":
+        return [G * max_new_tokens] * G
+    return [G] * G
 
 
 def token_log_probs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
@@ -1310,94 +1554,11 @@ def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch
     return [gathered_log_probs(logits[i, :len(r)], r) for i, r in enumerate(responses)]
 
 
-def sequence_log_prob(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
-    """sequence_log_prob_i = sum_t log p_theta(response_token_t | prompt, earlier_response_tokens).
-    A SUM over the response, never a mean over its length."""
-    return token_log_probs(model, prompt_ids, response_ids, amp).sum()
-
-
-def policy_loss(advantage: torch.Tensor, seq_log_prob: torch.Tensor, divisor: int) -> torch.Tensor:
-    """One response's term of policy_loss = -(1/G) * sum_i stopgrad(A_i) * sequence_log_prob_i
-    (divisor G, the spec), or of a variant's aggregation (divisor from loss_divisors)."""
-    return -(advantage.detach() * seq_log_prob) / divisor
-
-
-def kl_k3(ref_log_probs: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
-    """kl_coef: the k3 estimator of KL(policy || reference) per token, with q_it the frozen reference's
-    log-probability:  k3_it = exp(q_it - l_it) - (q_it - l_it) - 1.  Never negative; exactly 0, with
-    a zero gradient, where q_it = l_it (so at step 1, whose weights are the reference's)."""
-    d = ref_log_probs - log_probs
-    return torch.exp(d) - d - 1
-
-
-def clipped_objective(advantage: torch.Tensor, log_probs: torch.Tensor, old_log_probs: torch.Tensor,
-                      clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """ppo_epochs > 1, every epoch after the first: PPO's clipped objective summed over a response's tokens,
-      sum_t min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps) A_i),   rho_it = exp(l_it - l_old_it),
-    l_old the log-probabilities of the group's first pass; and how many tokens the clip holds (their
-    ratio outside [1 - eps, 1 + eps] on the side A_i pushes it to: their gradient is 0)."""
-    a = advantage.detach()
-    ratio = torch.exp(log_probs - old_log_probs)
-    objective = torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a).sum()
-    held = ((ratio < 1 - clip_eps) & (a < 0)) | ((ratio > 1 + clip_eps) & (a > 0))
-    return objective, held.sum()
-
-
-@dataclass
-class LossTerms:
-    """What the variants add to the spec's per-response term (backpropagate_group builds it only when
-    one is on), and what they measure along the way. With none of them the spec's policy_loss is
-    used unchanged."""
-    reference: torch.nn.Module | None = None  # kl_coef > 0: the frozen weights the run started from
-    kl_coef: float = 0.0
-    old: list | None = None  # a later epoch of ppo_epochs: the first pass's token log-probs, per response
-    clip_eps: float = 0.2
-    # measured in the pass, per response of this rank (tensors: read once per group, not per response)
-    token_log_probs: list = dataclasses.field(default_factory=list)  # detached
-    kl: list = dataclasses.field(default_factory=list)  # sum_t k3_it
-    held: list = dataclasses.field(default_factory=list)  # tokens whose ratio the clip holds
-
-
-def response_loss(advantage: torch.Tensor, log_probs: torch.Tensor, divisor: int, prompt_ids, response,
-                  amp, terms: LossTerms, i: int) -> torch.Tensor:
-    """Response i's term of a variant's loss: its tokens' terms summed, divided by divisor_i:
-      the spec's (and the first epoch's)   -A_i sum_t l_it
-      a later epoch of ppo_epochs         -sum_t min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps) A_i)
-      with kl_coef = beta > 0, plus       +beta sum_t k3_it                   (q_it: the reference's)"""
-    terms.token_log_probs.append(log_probs.detach())
-    if terms.old is None:
-        loss = policy_loss(advantage, log_probs.sum(), divisor)
-    else:
-        objective, held = clipped_objective(advantage, log_probs, terms.old[i], terms.clip_eps)
-        loss = -objective / divisor
-        terms.held.append(held)
-    if terms.kl_coef:
-        with torch.no_grad():
-            ref = token_log_probs(terms.reference, prompt_ids, response, amp)
-        k3 = kl_k3(ref, log_probs)
-        terms.kl.append(k3.detach().sum())
-        loss = loss + terms.kl_coef * k3.sum() / divisor
-    return loss
-
-
-def loss_divisors(aggregation: str, lengths: list[int], max_new_tokens: int) -> list[int]:
-    """How each response's token sum is scaled (loss_aggregation); lengths are the group's L_i
-    (EOS included), G = len(lengths). Response i's term is -A_i * (sum_t x_it) / divisor_i with
-    x_it = l_it, the token log-probabilities (a KL or ratio term per token can use the same divisors):
-      sequence_sum  (the spec):       -(1/G) sum_i A_i sum_t l_it                  divisor G
-      sequence_mean (GRPO paper):     -(1/G) sum_i A_i (1/L_i) sum_t l_it          divisor G L_i
-      token_mean    (DAPO):           -(1/sum_j L_j) sum_i A_i sum_t l_it          divisor sum_j L_j
-      dr_grpo       (Dr. GRPO):       -(1/(G max_new_tokens)) sum_i A_i sum_t l_it  divisor G max_new_tokens
-    Integers, so the spec's divisor G is exactly the one it always was. token_mean and dr_grpo are
-    the spec's loss times a positive factor per group; sequence_mean weighs short responses up."""
-    G = len(lengths)
-    if aggregation == "sequence_mean":
-        return [G * n for n in lengths]
-    if aggregation == "token_mean":
-        return [sum(lengths)] * G
-    if aggregation == "dr_grpo":
-        return [G * max_new_tokens] * G
-    return [G] * G
+def gathered_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] per position, in float32, as the gathered logit minus logsumexp:
+    no full-vocabulary log-softmax tensor is built."""
+    logits = logits.float()
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def zero_gradients(params: list[torch.nn.Parameter]) -> None:
@@ -1409,68 +1570,25 @@ def zero_gradients(params: list[torch.nn.Parameter]) -> None:
             p.grad.zero_()
 
 
-def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp,
-                               logprob_batch_size: int = 1, divisors: list[int] | None = None,
-                               terms: LossTerms | None = None):
-    """Zero the gradient once, then forward + backward one response at a time, so only one
-    response's graph is alive at once. Returns (policy loss, sequence log-probs or Nones).
-
-    logprob_batch_size > 1 runs that many responses per forward + backward (right-padded, see
-    batch_token_log_probs): the same gradient up to float rounding, one graph of that many alive.
-    A group whose advantages are all exactly 0 has an exactly-zero gradient: its passes are skipped.
-    divisors (one per response, loss_divisors) replace the spec's G when a variant aggregates otherwise;
-    terms (LossTerms) add a KL or a clipped-ratio term per token (response_loss), and with a KL term
-    a zero-variance group still has a gradient: its passes run."""
-    zero_gradients(params)
-    divisors = [group_size] * len(responses) if divisors is None else divisors
-    if bool((advantages == 0).all()) and not (terms and terms.kl_coef):
-        return 0.0, [None] * len(responses)
-    losses_done, seq_lps_done = [], []
-    size = max(1, int(logprob_batch_size))
-    for start in range(0, len(responses), size):
-        check_stop()  # safe point for SIGINT/SIGTERM: the weights are untouched until the optimizer step
-        chunk = responses[start:start + size]
-        if terms is None and len(chunk) == 1:  # the spec's: one response at a time
-            seq_lps = [sequence_log_prob(model, prompt_ids, chunk[0], amp)]
-        else:  # a variant needs the token log-probs; several responses come as one batch
-            lps = ([token_log_probs(model, prompt_ids, chunk[0], amp)] if len(chunk) == 1
-                   else batch_token_log_probs(model, prompt_ids, chunk, amp))
-            seq_lps = [lp.sum() for lp in lps]
-        if terms is None:
-            losses = [policy_loss(a, s, d) for a, s, d in zip(advantages[start:start + size], seq_lps,
-                                                              divisors[start:start + size])]
-        else:
-            losses = [response_loss(advantages[start + j], lp, divisors[start + j], prompt_ids, chunk[j], amp, terms,
-                                    start + j) for j, lp in enumerate(lps)]
-        (losses[0] if len(losses) == 1 else torch.stack(losses).sum()).backward()
-        losses_done += [loss.detach() for loss in losses]
-        seq_lps_done += [seq_lp.detach() for seq_lp in seq_lps]
-    # one host sync for the whole group, not two per response
-    loss_values, seq_log_probs = torch.stack([torch.stack(losses_done), torch.stack(seq_lps_done)]).tolist()
-    total = 0.0
-    for value in loss_values:  # summed in response order, as before
-        total += value
-    return total, seq_log_probs
-
-
 # ----------------------------------------------------------------------------------------------
 # Optimizer step
+
+def step_or_skip(group: Group, loss: float, t: Trainer) -> tuple[float, float | None]:
+    """optimizer_step, the spec's: a zero-variance group too takes its AdamW step, with a zero
+    gradient (momentum and weight decay still move the weights). zero_variance=skip takes none for
+    such a group: weights, AdamW moments and step count stay as they are; grad norm and update norm 0."""
+    if t.cfg.zero_variance == "skip" and group.zero_variance:
+        return 0.0, 0.0
+    return optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.weights_before, t.state_before)
+
 
 def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
                    before: list[torch.Tensor] | None = None, state_before: dict | None = None
                    ) -> tuple[float, float | None]:
-    """clip_grad_norm_ (it returns the norm BEFORE clipping), then one AdamW step.
-
-    The update norm is measured: the weights are copied into `before` (float32 buffers reused from
-    step to step, where update_norm_buffers put them: on the GPU when it has room, else in pinned
-    host memory) and compared after the step. A non-finite loss or gradient norm skips the step,
-    touching no weight and no optimizer state: update norm None. So does a step that leaves a
-    weight non-finite (a learning rate far too large): its weights and AdamW state are put back as
-    they were before it, from `before` and a copy of the state taken just before the step
-    (`state_before`: reused buffers on the device of `before`).
-
-    With fsdp sharding each rank holds a shard of every tensor (`local`): the norms are combined
-    across ranks, and a non-finite weight on any rank undoes the step on all of them."""
+    """clip_grad_norm_ (it returns the norm BEFORE clipping), then one AdamW step; the update norm is measured
+    against a copy of the weights in `before` (update_norm_buffers). A non-finite loss or gradient norm skips the
+    step (update norm None); a step that leaves a weight non-finite (a far too large learning rate) is undone from
+    `before` and a copy of the AdamW state (`state_before`), on every rank under fsdp."""
     total = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     grad_norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # fsdp: a DTensor
     if not (math.isfinite(grad_norm) and math.isfinite(loss)):
@@ -1494,10 +1612,8 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
 
 
 def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
-    """The norm of weights - before over all tensors: float32 differences, per-tensor norms
-    accumulated and combined in float64 (no overflow). `before` on the weights' device is
-    overwritten (in place, no second copy of the weights); host buffers of CUDA weights go through
-    update_norm_across_devices."""
+    """The norm of weights - before: float32 differences, per-tensor norms combined in float64. `before`
+    on the weights' device is overwritten in place (no second copy of the weights)."""
     if before[0].device != weights[0].device:
         return update_norm_across_devices(before, weights)
     torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
@@ -1505,11 +1621,8 @@ def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> floa
 
 
 def update_norm_across_devices(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
-    """update_norm for `before` held elsewhere (pinned host buffers of CUDA weights): each buffer
-    is copied to its weight's device and subtracted there, one tensor at a time (one temporary the
-    size of the largest tensor, not a copy of the model). Plain arithmetic on two tensors, so it
-    runs (and is tested) with both on the CPU too: the same float32 differences up to sign, the
-    same norms, bit for bit, as update_norm's in-place path."""
+    """update_norm for host buffers of CUDA weights, one tensor at a time (one temporary, not a model
+    copy): the same norms, bit for bit, as the in-place path."""
     return _combined_norm([torch._foreach_norm([w.float() - b.to(w.device, non_blocking=True)], 2,
                                                dtype=torch.float64)[0] for w, b in zip(weights, before)])
 
@@ -1520,8 +1633,7 @@ def _combined_norm(norms: list[torch.Tensor]) -> float:
 
 def snapshot_optimizer_state(optimizer, buffers: dict, device=None) -> dict:
     """The optimizer's per-parameter state as it is now: tensors copied into `buffers` on `device`
-    (default: the host; host buffers of CUDA tensors are pinned), allocated on first use and
-    reused, everything else by value."""
+    (default: the host, pinned for CUDA tensors), allocated once and reused; the rest by value."""
     device = torch.device("cpu") if device is None else torch.device(device)
     saved = {}
     for p, state in optimizer.state.items():
@@ -1562,20 +1674,14 @@ def optimizer_buffer_bytes(params) -> int:
 
 
 def optimizer_buffer_device(device: torch.device, need: int, free: int) -> torch.device:
-    """Where those copies live: on the GPU when its free memory at the start of the run holds them
-    twice over plus UNDO_RESERVE (once for the copies; once for the gradients and AdamW moments
-    the first step allocates, at most as large; the reserve for generation, evaluation and the
-    backward pass), in pinned host memory otherwise. On the host they cross PCIe twice a step
-    (about 9.6 GB for the 0.6B model in float32); the numbers are the same either way."""
-    if device.type == "cuda" and free >= 2 * need + UNDO_RESERVE:
-        return device
-    return torch.device("cpu")
+    """On the GPU when its free memory holds them twice over (with the gradients and moments the first
+    step allocates) plus UNDO_RESERVE, else in pinned host memory (PCIe twice a step); same numbers."""
+    return device if device.type == "cuda" and free >= 2 * need + UNDO_RESERVE else torch.device("cpu")
 
 
 def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
-    """float32 buffers for the weights before each optimizer step, allocated once per run where
-    optimizer_buffer_device puts them (said once on stderr on CUDA); host buffers of CUDA weights
-    are pinned, so the copies can run asynchronously. The optimizer state's copies follow them."""
+    """float32 buffers for the weights before each step, allocated once where optimizer_buffer_device
+    puts them (pinned on the host, for asynchronous copies); the AdamW state's copies follow them."""
     where = torch.device("cpu")
     if device.type == "cuda":
         need, free = optimizer_buffer_bytes(params), available_memory(device)
@@ -1589,14 +1695,271 @@ def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Logging
+# The step and the loop
+
+# The spec's step, one call per move, each defined above in the spec's order; each move exchanges
+# with the other processes what it needs (their shares of the group) itself. A fault is raised where
+# it happens (agreed turns it into its message); run's loop ends every early stop in stop_run.
+
+def train_step(step: int, candidates: list[dict], draw: int, t: Trainer) -> StepRecord:
+    """One problem, one AdamW step: sample the group, score it, standardize the rewards within it,
+    backpropagate the policy loss one response at a time, clip and step, report. The spec's step is
+    candidates = [its problem], draw = step, ppo_epochs = 1 (variants: draw_group, docs/variants.md)."""
+    clock = Stopwatch(t.device)
+    problem, prompt_ids, responses, group, set_aside = draw_group(step, candidates, draw, t, clock)
+    advantages = compute_advantages(group.rewards, t.cfg.std_eps, t.cfg.advantage_std, zero_variance=group.zero_variance)
+    epochs, first = [], None
+    for epoch in range(1, t.cfg.ppo_epochs + 1):  # the spec: one
+        done = backpropagate_group(step, prompt_ids, responses, group, advantages, t, first and first.token_log_probs)
+        clock.lap("logprob_backward")
+        grad_norm, moved = step_or_skip(group, done.loss, t)
+        clock.lap("optimizer")
+        epochs.append(epoch_figures(epoch, done, grad_norm, moved, group, t.cfg))
+        first = first or done
+        if moved is None:  # undone (non-finite): the group takes no further epoch
+            break
+    changes = token_changes(prompt_ids, responses, group, first, epochs, t)
+    return step_report(step, problem, t.cfg, group, advantages, first.seq_log_probs, epochs, clock, set_aside, changes)
+
+
+def draw_group(step: int, candidates: list[dict], draw: int, t: Trainer, clock):
+    """sample_group and score_group for candidates[0] (`draw` keys its random streams).
+    zero_variance=resample (DAPO's dynamic sampling): a zero-variance group is set aside and the next
+    candidate drawn, until one has reward variance or the candidates run out (the last is trained on).
+    Returns the problem, its prompt ids, this rank's responses, the group, the (problem, group) set aside."""
+    set_aside = []
+    for k, problem in enumerate(candidates):
+        prompt_ids = torch.tensor(problem["prompt_ids"], device=t.device)  # tokenized once, by check_problems
+        responses, cut = sample_group(step, draw + k, problem, prompt_ids, t)  # this rank's share (one process: all)
+        clock.lap("generation")
+        group = score_group(step, responses, cut, problem["answer"], t)
+        clock.lap("rewards")
+        if k == len(candidates) - 1 or not group.zero_variance:
+            return problem, prompt_ids, responses, group, set_aside
+        progress(f"[step {step}] zero-variance group of problem {problem['index']} set aside; drawing the next")
+        set_aside.append((problem, group))
+
+
+def epoch_figures(epoch: int, done: Pass, grad_norm: float, moved: float | None, group: Group, cfg: Config) -> dict:
+    """One epoch's loss and norms; with kl_coef the mean k3 per token of the loss, with ppo_epochs > 1
+    the fraction of the loss's tokens the clip holds (mask_truncated_completions: kept tokens only)."""
+    figures = dict(epoch=epoch, policy_loss=done.loss, grad_norm=grad_norm, update_norm=moved)
+    kept = sum(n for n, c in zip(group.tokens, group.cut) if not (cfg.mask_truncated_completions and c))
+    if cfg.kl_coef:
+        figures["kl"] = done.kl / max(1, kept)
+    if cfg.ppo_epochs > 1:
+        figures["clipped_fraction"] = done.clipped / max(1, kept)
+    return figures
+
+
+def token_changes(prompt_ids, responses, group: Group, first: Pass, epochs: list[dict], t: Trainer) -> list | None:
+    """token_report, for a step with reward variance whose update was taken: every response token's
+    log-probability before the step (the first pass's) and after it (one more forward per response),
+    the whole group's (gathered; rank 0 writes them to tokens.jsonl)."""
+    if not t.cfg.token_report or group.zero_variance or epochs[-1]["update_norm"] is None:
+        return None
+    amp = autocast(t.device, t.precision)
+    with torch.no_grad():
+        after = [token_log_probs(t.model, prompt_ids, r, amp) for r in responses]
+    mine = [(r.tolist(), b.tolist(), a.tolist()) for r, b, a in zip(responses, first.token_log_probs, after)]
+    group = [x for share in gather_objects(mine) for x in share]
+    return [{"token_ids": ids, "tokens": [t.tokenizer.decode([i]) for i in ids], "before": b, "after": a}
+            for ids, b, a in group]
+
+
+@dataclass
+class StepRecord:
+    """What a step leaves for log_step: its metrics (a table row, metrics.jsonl), its rollouts
+    (rollouts.jsonl) and, with token_report, each response's tokens before and after (tokens.jsonl)."""
+    metrics: dict
+    rollouts: list[dict]
+    tokens: list[dict] = dataclasses.field(default_factory=list)
+
+
+def step_report(step, problem, cfg, group: Group, advantages, seq_log_probs, epochs: list[dict], clock,
+                set_aside: list = (), changes: list[dict] | None = None) -> StepRecord:
+    """The step's record. The metrics' loss and norms are the first epoch's (the spec's step); with ppo_epochs > 1
+    every epoch's are under "epochs". Groups set aside (zero_variance=resample) come first in the rollouts."""
+    first, figures = epochs[0], group_figures(cfg, group)
+    metrics = {"step": step, "problem_index": problem["index"], **{k: figures[k] for k in TABLE_FIGURES},
+               "policy_loss": first["policy_loss"], "grad_norm": first["grad_norm"],
+               "update_norm": first["update_norm"], "skipped": any(e["update_norm"] is None for e in epochs),
+               "seconds": clock.total(), **{k: v for k, v in figures.items() if k not in TABLE_FIGURES}}
+    metrics.update({k: first[k] for k in ("kl", "clipped_fraction") if k in first})
+    if cfg.ppo_epochs > 1:
+        metrics["epochs"] = epochs
+    if cfg.zero_variance == "resample":
+        metrics["problems_drawn"] = len(set_aside) + 1
+        metrics["set_aside"] = [dict(problem_index=p["index"], **group_figures(cfg, g)) for p, g in set_aside]
+    metrics["timings"] = clock.timings
+    rollouts = [r for p, g in set_aside for r in group_rollouts(step, p, cfg, g, torch.zeros(len(g.texts)),
+                                                              [None] * len(g.texts), set_aside=True)]
+    mine = group_rollouts(step, problem, cfg, group, advantages, seq_log_probs)
+    tokens = [dict(step=step, problem_index=problem["index"], rollout=r["rollout"], reward=r["reward"],
+                   advantage=r["advantage"], **c) for r, c in zip(mine, changes or [])]
+    return StepRecord(metrics, rollouts + mine, tokens)
+
+
+TABLE_FIGURES = ("group_size", "correct", "reward_mean", "reward_std", "response_tokens")  # before the loss
+
+
+def group_figures(cfg, group: Group) -> dict:
+    statuses = [s[2] for s in group.scored]
+    # correct: the verifier's, without format_reward; reward_std of a zero-variance group (8 x 0.1) is 0
+    return dict(group_size=cfg.group_size, correct=sum(s[0] == 1 for s in group.scored),
+                reward_mean=float(group.rewards.mean()),
+                reward_std=0.0 if group.zero_variance else float(group.rewards.std(unbiased=True)),
+                response_tokens=sum(group.tokens), cut_at_limit=sum(group.cut), no_answer=statuses.count("no_answer"),
+                verifier_timeouts=statuses.count("timeout"), verifier_crashes=statuses.count("crash"))
+
+
+def group_rollouts(step, problem, cfg, group: Group, advantages, seq_log_probs, set_aside: bool = False) -> list[dict]:
+    # reward: the verifier's, plus format_reward's bonus when that is on
+    return [dict(step=step, problem_index=problem["index"], rollout=i, response=group.texts[i],
+                 answer=group.scored[i][1], status=group.scored[i][2], reward=float(group.rewards[i]),
+                 advantage=float(advantages[i]), tokens=group.tokens[i], cut_at_limit=group.cut[i],
+                 sequence_log_prob=seq_log_probs[i], **({"set_aside": True} if set_aside else {}))
+            for i in range(cfg.group_size)]
+
+
+class Stopwatch:
+    """A step's phase timings. On CUDA each lap waits for the GPU, so a phase is charged its own kernels."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.timings = device, {}
+        self.start = self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        # a phase met again (a resampled group, another epoch) adds up
+        self.timings[phase], self.last = self.timings.get(phase, 0.0) + (now - self.last), now
+
+    def total(self) -> float:
+        self.timings["step"] = self.last - self.start
+        return self.timings["step"]
+
+
+@dataclass
+class RunState:
+    """Where a run is: the steps done (their metrics), the evaluations, the last checkpoint written."""
+    out: Path
+    argv: list[str]
+    problems: list[dict]
+    eval_set: list[dict]
+    steps: int  # optimizer steps in all: num_problems (as far as the data set goes)
+    history: list[dict] = dataclasses.field(default_factory=list)
+    eval_log: list[dict] = dataclasses.field(default_factory=list)
+    last_saved: int = 0
+    step: int = 0  # the step being trained
+    started: float = 0.0
+    first_step: int = 1  # the first step this process trains (a resumed run: after the checkpoint's)
+    watch: Watch | None = None  # the step bar and the trackers, while the loop runs
+
+
+def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
+        argv: list[str], eval_set: list[dict] = ()) -> int:
+    """The loop: evaluate before; for each problem: train, log, evaluate if due, checkpoint if due;
+    evaluate after the last; save. Every way of stopping early ends in stop_run."""
+    t, s = load_training(cfg, device, precision, od, problems, argv, eval_set)
+    with signals_caught():
+        try:
+            with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as t.scorer:
+                begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
+                s.eval_log = on_rank0(read_eval_log, s.out, eval_steps_in(od.resume_from), s.steps)
+                say(format_header(cfg.group_size, table_extras(cfg.ppo_epochs, cfg.kl_coef)))
+                for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
+                    say(format_row(m))
+                s.started, s.first_step = time.perf_counter(), len(s.history) + 1
+                s.watch = open_watch(cfg, s.out, len(s.history), s.steps, od.resume_from)
+                if evaluate_if_due(len(s.history), t, s) and s.history:  # the base model, or what a stopped run left
+                    write_checkpoint(len(s.history), t, s)  # resumed: the checkpoint of this step now records it
+                for step in range(len(s.history) + 1, s.steps + 1):
+                    s.step = step
+                    log_step(train_step(step, *run_candidates(s, cfg), t), t, s)
+                    evaluate_if_due(step, t, s)  # after step N (eval_every) or after the last step
+                    checkpoint_if_due(step, t, s)
+        except (Interrupted, StopRun) as e:
+            return stop_run(e, t, s)
+        finally:
+            close_watch(s.watch, s.out)
+    progress(f"saving the final model to {s.out / 'final'}")
+    try:
+        save_final(t.model, t.tokenizer, s.out)
+    except OSError as e:
+        progress(f"could not write {s.out / 'final'} ({e.strerror or e}); the checkpoint of step {len(s.history)} "
+                 f"is complete: free some space, then {resume_command(argv)} writes final/")
+        return 1
+    say(format_summary(s.history, time.perf_counter() - s.started, s.first_step))
+    if s.eval_log:
+        say("\n" + format_eval_table(write_eval_files(s.out, s.eval_log, cfg)))
+    return 0
+
+
+def load_training(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
+                  argv: list[str], eval_set: list[dict]) -> tuple[Trainer, RunState]:
+    """The model, the optimizer and the checked problems; a resumed run's weights, AdamW state and
+    steps done. Nothing in output_dir changes here."""
+    random.seed(cfg.seed)  # nothing here draws from these; seeded so that nothing a model does can vary
+    torch.manual_seed(cfg.seed)
+    progress(f"loading {cfg.model} on {device} ({precision})")
+    model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
+    problems, decoders = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings), Decoders()
+    decoders.plan("rollouts", problems, cfg.max_new_tokens)
+    if eval_set:
+        eval_set = check_problems(eval_set, cfg, tokenizer, model.config.max_position_embeddings,
+                                  cfg.eval_max_new_tokens, "eval_dataset")
+        decoders.plan("eval", eval_set, cfg.eval_max_new_tokens)
+    check_memory(cfg, model, problems, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id,
+                update_norm_buffers(params, device), reference=load_reference(cfg, device, precision), decoders=decoders)
+    s = RunState(od.path, argv, problems, list(eval_set), min(cfg.num_problems, len(problems)))
+    if od.resume_from is not None:
+        s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
+        s.last_saved = len(s.history)
+        progress(f"resumed from {od.resume_from} after step {len(s.history)}")
+    on_rank0(check_disk, cfg, model, od.path, len(s.history), s.steps)
+    return t, s
+
+
+def run_candidates(s: RunState, cfg: Config) -> tuple[list[dict], int]:
+    """The problems the next step may draw, and the draw number of the first (1-based: the step's,
+    without resampling). One; with zero_variance=resample up to resample_limit, as many as the data
+    set holds beyond one problem for each step still to come (so every step has one)."""
+    drawn, to_come = problems_drawn(s.history), s.steps - len(s.history)
+    n = 1 if cfg.zero_variance != "resample" else max(1, min(cfg.resample_limit,
+                                                             len(s.problems) - drawn - (to_come - 1)))
+    return s.problems[drawn:drawn + n], drawn + 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Logging and trackers
+
+def log_step(record: StepRecord, t: Trainer, s: RunState) -> None:
+    """The step's row on stdout and its lines in metrics.jsonl, rollouts.jsonl (and tokens.jsonl). After
+    max_bad_steps non-finite steps in a row (each one undone) the run stops."""
+    metrics = record.metrics
+    append_jsonl(s.out / "metrics.jsonl", [metrics])
+    if record.tokens:
+        append_jsonl(s.out / "tokens.jsonl", record.tokens)
+    append_jsonl(s.out / "rollouts.jsonl", record.rollouts)
+    s.history.append(metrics)
+    say(format_row(metrics))
+    bar_advanced(s.watch.bar, 1, correct=f"{metrics['correct']}/{metrics['group_size']}")
+    send_to_trackers(s.watch, step_scalars(metrics, s.history), metrics["step"], record.rollouts)
+    bad = next((k for k, m in enumerate(reversed(s.history)) if not m["skipped"]), len(s.history))  # in a row
+    if bad >= t.cfg.max_bad_steps:
+        raise StopRun(f"{bad} steps in a row had a non-finite loss, gradient norm or update (the last at step "
+                      f"{metrics['step']}); lower learning_rate or check the data and the model")
+
 
 # Column name, cell width, format. The first seven are the spec's table, character for character.
 COLUMNS = [("step", 6), ("correct/{G}", 11), ("reward mean", 13), ("sample std", 12),
            ("response tokens", 17), ("policy loss", 13), ("grad norm", 11), ("update norm", 13),
            ("seconds", 0)]
-
-
 # Shown only when their variant is on, before the seconds: the spec's table stays as it is.
 EXTRA_COLUMNS = [("epoch", 7), ("clipped", 9), ("kl", 11)]
 
@@ -1626,10 +1989,6 @@ def _fixed(x: float, digits: int) -> str:
     return s[1:] if s.startswith("-") and float(s) == 0 else s  # never print -0.000000
 
 
-def _update_cell(moved) -> str:
-    return "skipped" if moved is None else f"{moved:.3e}"
-
-
 def format_row(m: dict) -> str:
     """The step's row; with ppo_epochs > 1 one row per epoch (its loss, norms, clipped fraction and
     KL), with zero_variance=resample a marked row for each group set aside before it."""
@@ -1641,7 +2000,7 @@ def format_row(m: dict) -> str:
              for g in m.get("set_aside", [])]
     for k, e in enumerate(m.get("epochs", [m])):
         cells = [str(m["step"]), *(group if k == 0 else [""] * 4), _fixed(float(e["policy_loss"]), 6),
-                 _fixed(float(e["grad_norm"]), 3), _update_cell(e["update_norm"])]
+                 _fixed(float(e["grad_norm"]), 3), "skipped" if e["update_norm"] is None else f"{e['update_norm']:.3e}"]
         if "epoch" in extras:
             cells += [str(e["epoch"]), f"{e['clipped_fraction']:.3f}"]
         if "kl" in extras:
@@ -1651,9 +2010,8 @@ def format_row(m: dict) -> str:
 
 
 def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 1) -> str:
-    """The end of the table. total_seconds: this process's time from its first step (first_step, 1 unless
-    resumed) to its last, with the evaluations and checkpoints in between; the steps' own seconds add up
-    every step of the run, those done before a resume too."""
+    """The end of the table. total_seconds: this process's time from first_step (1 unless resumed) to its
+    last, evaluations and checkpoints included; the steps' own seconds count those before a resume too."""
     n_rollouts = sum(m["group_size"] for m in metrics)
     n_correct = sum(m["correct"] for m in metrics)
     flat = sum(1 for m in metrics if m["reward_std"] == 0)
@@ -1667,11 +2025,10 @@ def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 
     def listed(steps):
         return ": " + ", ".join(map(str, steps)) if 0 < len(steps) <= 20 else ""
 
-    mean_reward = n_correct / n_rollouts if n_rollouts else 0.0
     drawn = [m["problems_drawn"] for m in metrics if "problems_drawn" in m]
     lines = [
-        "",
-        f"correct rollouts        {n_correct}/{n_rollouts} (mean reward {mean_reward:.4f})",
+        "", f"correct rollouts        {n_correct}/{n_rollouts} (mean reward "
+            f"{n_correct / n_rollouts if n_rollouts else 0.0:.4f})",
         f"zero-variance groups    {flat}/{len(metrics)}",
         f"non-zero gradient       {len(grad_steps)} steps{listed(grad_steps)}",
         f"weights changed         {len(moved)} steps{listed(moved)}",
@@ -1697,11 +2054,17 @@ def total_time(metrics: list[dict], total_seconds: float, first_step: int) -> st
 
 
 def progress(msg: str) -> None:
-    # Progress goes to stderr so that stdout holds only the table and the summary. One voice: rank 0's.
-    # tqdm.write lifts a bar drawn on a terminal above the line and redraws it below.
+    # stderr, so that stdout holds only the table and the summary; rank 0's alone. tqdm.write keeps a
+    # bar drawn on a terminal below the line.
     if process_rank() == 0:
         tqdm.write(msg, file=sys.stderr)
         sys.stderr.flush()
+
+
+def say(text: str) -> None:
+    """A table line on stdout (rank 0 alone prints in a multi-process run)."""
+    if process_rank() == 0:
+        print(text, flush=True)
 
 
 class _Unseen(io.TextIOBase):
@@ -1712,8 +2075,7 @@ class _Unseen(io.TextIOBase):
 
 
 class _Plain(io.TextIOBase):
-    """stderr for a library that prints terminal colour codes, where stderr is a log file or a pipe:
-    the text without the codes."""
+    """stderr without terminal colour codes, for a library that prints them onto a log file or a pipe."""
 
     def __init__(self, stream):
         self.stream = stream
@@ -1734,10 +2096,8 @@ def progress_bar(desc: str, total: int, done: int, unit: str) -> tqdm:
     """A tqdm bar on stderr with rate and ETA (rank 0's; elsewhere a disabled one): redrawn in place on
     a terminal; on a log file or a pipe it draws nowhere and bar_advanced prints its line, one per update."""
     screen = sys.stderr.isatty()
-    bar = tqdm(total=total, initial=done, desc=desc, unit=unit, file=sys.stderr if screen else _Unseen(),
-               dynamic_ncols=screen, disable=process_rank() != 0)
-    bar.off_screen = not screen
-    return bar
+    return tqdm(total=total, initial=done, desc=desc, unit=unit, file=sys.stderr if screen else _Unseen(),
+                dynamic_ncols=screen, disable=process_rank() != 0)
 
 
 def bar_advanced(bar: tqdm, n: int, **postfix) -> None:
@@ -1747,14 +2107,8 @@ def bar_advanced(bar: tqdm, n: int, **postfix) -> None:
     if postfix:
         bar.set_postfix(postfix, refresh=False)
     bar.update(n)
-    if bar.off_screen:
+    if not sys.stderr.isatty():  # progress_bar drew it nowhere
         progress(str(bar))
-
-
-def say(text: str) -> None:
-    """A table line on stdout (rank 0 alone prints in a multi-process run)."""
-    if process_rank() == 0:
-        print(text, flush=True)
 
 
 def _json_safe(x):
@@ -1773,6 +2127,42 @@ def append_jsonl(path: Path, records: list[dict]) -> None:
             f.write(json.dumps(_json_safe(r)) + "\n")
 
 
+def read_jsonl(path: Path, keys: tuple[str, ...] = ()) -> list[dict]:
+    """The records of one of a run's own JSON Lines files ([] when there is none), each an object with
+    `keys`. A last line cut short (no newline: a crash mid-write) is left out with a note, as resume
+    leaves it out; any other damage is one error naming the file and the line."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    body, tail = (raw, b"") if raw.endswith(b"\n") else (raw[:raw.rfind(b"\n") + 1], raw[raw.rfind(b"\n") + 1:])
+    records = [parse_json_line(path, number, line, keys)
+               for number, line in enumerate(body.split(b"\n")[:-1], 1) if line.strip()]
+    if tail.strip():
+        number = body.count(b"\n") + 1
+        try:
+            records.append(parse_json_line(path, number, tail, keys))
+        except UserError:
+            progress(f"{path}: its last line ({number}) was cut short by an interrupted write; left out")
+    return records
+
+
+def parse_json_line(path: Path, number: int, line: bytes, keys: tuple[str, ...]) -> dict:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} line {number} is not UTF-8 text (byte {line[e.start]:#04x}): the file is damaged; "
+                        f"{JSONL_FIX}") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} line {number} is not a JSON record ({e.msg}, column {e.colno}): the file is "
+                        f"damaged; {JSONL_FIX}") from None
+    missing = [k for k in keys if k not in record] if isinstance(record, dict) else ["an object"]
+    if missing:
+        raise UserError(f"{path} line {number} is not a record rlvr writes (it lacks {missing[0]}); {JSONL_FIX}")
+    return record
+
+
+JSONL_FIX = "restore it from the newest checkpoint (checkpoints/step-*/ keep a copy of the logs) or delete that line"
+
 # Watching a run: the step bar, the trackers of report_to (each imported only when named), run.png.
 TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's names; each one's pip package has its name
 
@@ -1783,8 +2173,6 @@ def trackers_named(cfg: Config) -> list[str]:
 
 def check_trackers(cfg: Config) -> None:
     """A tracker named in report_to must be installed: said before the model loads."""
-    import importlib.util
-
     for name in trackers_named(cfg):
         if importlib.util.find_spec(name) is None:
             raise UserError(f"report_to names {name}, which is not installed here; pip install {name} "
@@ -1803,24 +2191,23 @@ class Watch:
 
 def open_watch(cfg: Config, out: Path, done: int, total: int, resumed: Path | None) -> Watch:
     """The step bar from `done` of `total`, and the trackers of report_to, continuing a resumed run's
-    (TensorBoard drops the events of the steps redone: purge_step; wandb continues the run whose id
-    the checkpoint `resumed` keeps)."""
+    (TensorBoard purges the steps redone; wandb continues the run whose id the checkpoint keeps)."""
     w = Watch(progress_bar("steps", total, done, "step"))
     if process_rank() != 0:
         return w
     if "tensorboard" in trackers_named(cfg):
         from torch.utils.tensorboard import SummaryWriter
-
-        # a fresh run drops any earlier run's events in the folder (overwrite=true); a resumed one the steps redone
+        # purge_step 0: a fresh run drops an earlier run's events in the folder (overwrite=true)
         w.tensorboard = SummaryWriter(str(out / "tensorboard"), purge_step=done + 1 if done else 0)
         settings = yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True)
         w.tensorboard.add_text("config", "    " + settings.replace("\n", "\n    "), done)
     if "wandb" in trackers_named(cfg):
         import wandb
-
         run_id = json.loads((resumed / "state.json").read_text()).get("wandb_run_id") if resumed else None
-        # console off: wandb must not wrap stdout (the table) or stderr; WANDB_MODE=offline writes locally only
-        w.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), dir=str(out), id=run_id,
+        # console off: wandb must not wrap stdout (the table) or stderr. The user's WANDB_PROJECT and
+        # WANDB_DIR win; else project rlvr, files under output_dir/wandb (WANDB_MODE=offline: local only)
+        w.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT") or "rlvr",
+                             dir=os.environ.get("WANDB_DIR") or str(out), id=run_id,
                              resume="allow" if run_id else None, config=dataclasses.asdict(cfg),
                              settings=wandb.Settings(console="off", silent=True))
     if "trackio" in trackers_named(cfg):
@@ -1829,15 +2216,11 @@ def open_watch(cfg: Config, out: Path, done: int, total: int, resumed: Path | No
 
 
 def open_trackio(cfg: Config, out: Path, resumed: Path | None) -> tuple[object, int]:
-    """A trackio run in its local store ($TRACKIO_DIR, else the Hugging Face cache), named after output_dir and
-    the time it started; a resumed run continues the one its checkpoint names. trackio has no purge, so a
-    resumed run sends only the steps after the last one the store holds (a step redone after a resume has
-    the same numbers: the same weights and random streams). Returns the run and that first step."""
-    from contextlib import redirect_stdout
-
+    """A trackio run in its local store ($TRACKIO_DIR, else the Hugging Face cache), named after output_dir
+    and its start time, or the one a resumed checkpoint names. trackio has no purge: a resumed run sends
+    only the steps after the store's last (a redone step has the same numbers). Returns the run and that step."""
     import trackio
     from trackio.sqlite_storage import SQLiteStorage
-
     name = json.loads((resumed / "state.json").read_text()).get("trackio_run") if resumed else None
     name = name or f"{out.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
     project = os.environ.get("TRACKIO_PROJECT", "rlvr")
@@ -1850,17 +2233,12 @@ def open_trackio(cfg: Config, out: Path, resumed: Path | None) -> tuple[object, 
 
 def tracker_ids(w: Watch | None) -> dict:
     """What a checkpoint keeps so that a resumed run continues the same tracker run."""
-    ids = {}
-    if w is not None and w.wandb is not None:
-        ids["wandb_run_id"] = w.wandb.id
-    if w is not None and w.trackio is not None:
-        ids["trackio_run"] = w.trackio.name
-    return ids
+    return {**({"wandb_run_id": w.wandb.id} if w is not None and w.wandb is not None else {}),
+            **({"trackio_run": w.trackio.name} if w is not None and w.trackio is not None else {})}
 
 
 def step_scalars(m: dict, history: list[dict]) -> dict[str, float]:
-    """The step's numbers under the names a TRL user knows (where the meaning is the same), and the summary's
-    counts so far."""
+    """The step's numbers under TRL's names (where the meaning is the same), and the summary's counts so far."""
     g, gen = m["group_size"], m["timings"].get("generation", 0.0)
     scalars = {
         "reward": m["reward_mean"], "reward_std": m["reward_std"], "frac_reward_zero_std": float(m["reward_std"] == 0),
@@ -1894,47 +2272,29 @@ def rollouts_markdown(rollouts: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def report_step(w: Watch, metrics: dict, rollouts: list[dict], history: list[dict]) -> None:
-    """The step to the bar and to every tracker."""
-    bar_advanced(w.bar, 1, correct=f"{metrics['correct']}/{metrics['group_size']}")
-    step = metrics["step"]
-    if w.tensorboard is not None:
-        for name, value in step_scalars(metrics, history).items():
-            w.tensorboard.add_scalar(name, value, step)
-        w.tensorboard.add_text("rollouts", rollouts_markdown(rollouts), step)
-        w.tensorboard.flush()
-    if w.wandb is not None:
-        import wandb
-
-        columns = ["rollout", "reward", "advantage", "status", "answer", "tokens", "response"]
-        table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rollouts])
-        w.wandb.log({**step_scalars(metrics, history), "rollouts": table}, step=step)
-    if w.trackio is not None and step >= w.trackio_from:
-        import trackio
-
-        columns = ["rollout", "reward", "advantage", "status", "answer", "tokens", "response"]
-        table = trackio.Table(columns=columns, data=[[r[c] for c in columns] for r in rollouts])
-        w.trackio.log({**step_scalars(metrics, history), "rollouts": table}, step=step)
-
-
-def eval_scalars(summary: dict) -> dict[str, float]:
-    """One evaluation's accuracy overall, per level and per subject (summarize_phase's groups)."""
-    return {"eval/accuracy" if g["kind"] == "overall" else f"eval/{g['kind']}/{g['group']}": g["accuracy"]
-            for g in summary["groups"]}
-
-
-def report_eval(w: Watch, records: list[dict], samples: int) -> None:
-    """An evaluation's accuracies to every tracker, at the step of the weights it evaluated."""
-    summary = summarize_phase(records, samples)
-    scalars, step = eval_scalars(summary), summary["step"]
+def send_to_trackers(w: Watch, scalars: dict[str, float], step: int, rollouts: list[dict] | None = None) -> None:
+    """The scalars, and the step's rollouts as a table when given, to every open tracker at `step`."""
     if w.tensorboard is not None:
         for name, value in scalars.items():
             w.tensorboard.add_scalar(name, value, step)
+        if rollouts is not None:
+            w.tensorboard.add_text("rollouts", rollouts_markdown(rollouts), step)
         w.tensorboard.flush()
-    if w.wandb is not None:
-        w.wandb.log(scalars, step=step)
-    if w.trackio is not None and step >= w.trackio_from:
-        w.trackio.log(scalars, step=step)
+    columns = ["rollout", "reward", "advantage", "status", "answer", "tokens", "response"]
+    trackio = w.trackio if w.trackio is not None and step >= w.trackio_from else None  # else its store has the step
+    for run, module in ((w.wandb, "wandb"), (trackio, "trackio")):
+        if run is not None:  # the table: wandb.Table or trackio.Table
+            table = {} if rollouts is None else {"rollouts": importlib.import_module(module).Table(
+                columns=columns, data=[[r[c] for c in columns] for r in rollouts])}
+            run.log({**scalars, **table}, step=step)
+
+
+def report_eval(w: Watch, records: list[dict], samples: int) -> None:
+    """An evaluation's accuracy overall, per level and per subject to every tracker, at the step of the
+    weights it evaluated."""
+    summary = summarize_phase(records, samples)
+    send_to_trackers(w, {"eval/accuracy" if g["kind"] == "overall" else f"eval/{g['kind']}/{g['group']}": g["accuracy"]
+                         for g in summary["groups"]}, summary["step"])
 
 
 def close_watch(w: Watch | None, out: Path) -> None:
@@ -1947,10 +2307,7 @@ def close_watch(w: Watch | None, out: Path) -> None:
     if w.wandb is not None:
         w.wandb.finish()
     if w.trackio is not None:
-        from contextlib import redirect_stdout
-
         import trackio
-
         with redirect_stdout(plain_stderr()):  # trackio.finish, not the run's: else trackio's exit hook finishes it
             trackio.finish()                # again and prints on stdout
     if process_rank() == 0:
@@ -1960,52 +2317,36 @@ def close_watch(w: Watch | None, out: Path) -> None:
             progress(f"could not draw {out / 'run.png'} ({type(e).__name__}: {str(e)[:160]})")
 
 
-def read_jsonl(path: Path, keys: tuple[str, ...] = ()) -> list[dict]:
-    """The records of one of a run's own JSON Lines files ([] when there is none), each an object
-    with `keys`. A last line cut short (no newline after it: what a crash in the middle of a write
-    leaves) is left out with a note, as resume leaves it out; any other damage is one line naming
-    the file and the line."""
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    body, tail = (raw, b"") if raw.endswith(b"\n") else (raw[:raw.rfind(b"\n") + 1], raw[raw.rfind(b"\n") + 1:])
-    records = [parse_json_line(path, number, line, keys)
-               for number, line in enumerate(body.split(b"\n")[:-1], 1) if line.strip()]
-    if tail.strip():
-        number = body.count(b"\n") + 1
-        try:
-            records.append(parse_json_line(path, number, tail, keys))
-        except UserError:
-            progress(f"{path}: its last line ({number}) was cut short by an interrupted write; left out")
-    return records
-
-
-def parse_json_line(path: Path, number: int, line: bytes, keys: tuple[str, ...]) -> dict:
-    try:
-        record = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} line {number} is not UTF-8 text (byte {line[e.start]:#04x}): the file is damaged; "
-                        f"{JSONL_FIX}") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path} line {number} is not a JSON record ({e.msg}, column {e.colno}): the file is "
-                        f"damaged; {JSONL_FIX}") from None
-    missing = [k for k in keys if k not in record] if isinstance(record, dict) else ["an object"]
-    if missing:
-        raise UserError(f"{path} line {number} is not a record rlvr writes (it lacks {missing[0]}); {JSONL_FIX}")
-    return record
-
-
-JSONL_FIX = "restore it from the newest checkpoint (checkpoints/step-*/ keep a copy of the logs) or delete that line"
+def plot_run(out: Path, required: bool = False) -> Path | None:
+    """Draw output_dir/run.png from metrics.jsonl and eval.jsonl; without matplotlib, say how (--plot: an error)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        if required:
+            raise UserError("--plot needs matplotlib; pip install matplotlib")
+        progress(f"no {out / 'run.png'}: the picture of the run needs matplotlib (pip install matplotlib, "
+                 f"then python train_rlvr.py --plot {out})")
+        return None
+    metrics = read_jsonl(out / "metrics.jsonl", ("step", "correct", "reward_std", "response_tokens", "grad_norm",
+                                                 "update_norm"))
+    if not metrics:
+        if required:
+            raise UserError(f"--plot: {out} holds no metrics.jsonl with a step in it; pass a run's output_dir")
+        return None
+    evals = read_jsonl(out / "eval.jsonl", ("step", "phase", "sample", "reward"))
+    run_figure(metrics, evals).savefig(out / "run.png", dpi=100)
+    progress(f"wrote {out / 'run.png'}")
+    tokens = read_jsonl(out / "tokens.jsonl", ("step", "rollout", "reward", "tokens", "before", "after"))
+    if tokens:  # token_report
+        token_figure(tokens).savefig(out / "tokens.png", dpi=100)
+        progress(f"wrote {out / 'tokens.png'}")
+    return out / "run.png"
 
 
 def run_figure(metrics: list[dict], eval_records: list[dict]):
-    """run.png's figure: per step the correct count out of the group (zero-variance groups marked), the
-    grad norm (before clipping) and the update norm on a log scale, the response tokens; and when the
-    run was evaluated, accuracy per level before and after with the 95 % Wilson intervals."""
+    """run.png: per step the correct count (zero-variance groups marked), the grad norm (before clipping) and
+    update norm (log scale), the response tokens; if evaluated, accuracy per level before and after (95 % Wilson)."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-
     phases = list(dict.fromkeys(r["phase"] for r in eval_records))
     fig = Figure(figsize=(10, 11 if phases else 8.5), layout="constrained")
     axes = fig.subplots(4 if phases else 3, 1)
@@ -2038,8 +2379,7 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
                       if g["kind"] != "subject"]
             x = [i + (k - 0.5) * 0.3 for i in range(len(groups))]
             acc = [g["accuracy"] for g in groups]
-            low, high = ([abs(a - g["wilson95"][j]) for a, g in zip(acc, groups)] for j in (0, 1))
-            errors = [low, high]
+            errors = [[abs(a - g["wilson95"][j]) for a, g in zip(acc, groups)] for j in (0, 1)]  # below, above
             axes[3].errorbar(x, acc, yerr=errors, fmt="o", capsize=3, label=phase)
         axes[3].set_xticks(range(len(groups)), [g["group"] for g in groups])
         axes[3].set_xlim(-0.5, len(groups) - 0.5)
@@ -2053,51 +2393,23 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
     return fig
 
 
-def boxed_span(text: str) -> tuple[int, int]:
-    """Character span of the last \\boxed{...} of a text, braces matched; (0, 0) if none."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return 0, 0
-    depth = 0
-    for i in range(start + len("\\boxed"), len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return start, i + 1
-    return start, len(text)
-
-
 def token_figure(records: list[dict]):
-    """tokens.png (token_report): the best-rewarded response of the last step in tokens.jsonl, each
-    token on a background coloured by the change of its log-probability over that step (after -
-    before; blue up, red down, white unchanged), and the mean change inside its last \\boxed{} (the
-    answer) against the rest (the filler): where the credit went."""
+    """tokens.png (token_report): the best-rewarded response of the last step in tokens.jsonl, each token on
+    a background coloured by the change of its log-probability over that step (after - before; blue up, red
+    down, white unchanged), and the mean change inside its last \\boxed{} (the answer) against the rest."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import RendererAgg
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
     from matplotlib.font_manager import FontProperties
-
     last = [r for r in records if r["step"] == records[-1]["step"]]
     rec = max(last, key=lambda r: (r["reward"], -r["rollout"]))
     change = [a - b for a, b in zip(rec["after"], rec["before"])]
-    scale = max(max(abs(c) for c in change), 1e-12)
-    cols, ends, pos = 96, [], 0
-    for piece in rec["tokens"]:
-        pos += len(piece)
-        ends.append(pos)
-    lo, hi = boxed_span("".join(rec["tokens"]))
-    in_box = [e > lo and e - len(piece) < hi for e, piece in zip(ends, rec["tokens"])]  # overlaps the box
-    inside = [c for c, b in zip(change, in_box) if b]
-    outside = [c for c, b in zip(change, in_box) if not b]
-    lines, x, y = [], 0, 0
-    for piece, c in zip(rec["tokens"], change):
-        shown = piece.replace("\n", "\u23ce") or "\u2205"
-        if x + len(shown) > cols and x:
-            x, y = 0, y + 1
-        lines.append((x, y, shown, c))
-        x += len(shown)
-    rows, used = y + 1, max(x + len(shown) for x, _, shown, _ in lines)
+    scale, cols = max(max(abs(c) for c in change), 1e-12), 96
+    inside, outside = answer_changes(rec["tokens"], change)
+    lines = token_lines(rec["tokens"], change, cols)
+    rows, used = lines[-1][1] + 1, max(x + len(shown) for x, _, shown, _ in lines)
     # Laid out by hand in inches, the figure as big as its text: one x unit is one character of the
     # monospaced font, one y unit one row. The character's width is measured as tokens.png is saved (100
     # dpi): hinting rounds each advance to whole pixels (0.63 em there, not the font's 0.602).
@@ -2119,15 +2431,8 @@ def token_figure(records: list[dict]):
     ax.set(xlim=(0, width / char_w), ylim=(rows, 0))
     ax.axis("off")
     cmap, norm = colormaps["RdBu"], Normalize(-scale, scale)
-
-    def ink(rgba):
-        """Black or white, whichever contrasts more with the cell (WCAG relative luminance)."""
-        lum = sum(w * (v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4)
-                  for w, v in zip((0.2126, 0.7152, 0.0722), rgba[:3]))
-        return "white" if (1.05 / (lum + 0.05)) > ((lum + 0.05) / 0.05) else "black"
-
     for x, y, shown, c in lines:
-        ax.text(x, y + 0.5, shown, family="monospace", fontsize=size, va="center", color=ink(cmap(norm(c))),
+        ax.text(x, y + 0.5, shown, family="monospace", fontsize=size, va="center", color=_ink(cmap(norm(c))),
                 parse_math=False, bbox=dict(facecolor=cmap(norm(c)), edgecolor="none", pad=0.6))  # $ is text
     ax.set_title(title, fontsize=9, loc="left", pad=0.1 * 72)
     bar = fig.add_axes([side / fig_w, 0.5 / fig_h, width / fig_w, bar_h / fig_h])
@@ -2135,45 +2440,98 @@ def token_figure(records: list[dict]):
     return fig
 
 
-def plot_run(out: Path, required: bool = False) -> Path | None:
-    """Draw output_dir/run.png from metrics.jsonl and eval.jsonl. Without matplotlib: say once how to get it
-    (required, i.e. --plot: an error)."""
-    import importlib.util
+def answer_changes(tokens: list[str], change: list[float]) -> tuple[list[float], list[float]]:
+    """The changes of the tokens that overlap the last \\boxed{} (the answer), and those of the rest."""
+    ends, pos = [], 0
+    for piece in tokens:
+        pos += len(piece)
+        ends.append(pos)
+    lo, hi = boxed_span("".join(tokens))
+    in_box = [e > lo and e - len(piece) < hi for e, piece in zip(ends, tokens)]
+    return [c for c, b in zip(change, in_box) if b], [c for c, b in zip(change, in_box) if not b]
 
-    if importlib.util.find_spec("matplotlib") is None:
-        if required:
-            raise UserError("--plot needs matplotlib; pip install matplotlib")
-        progress(f"no {out / 'run.png'}: the picture of the run needs matplotlib (pip install matplotlib, "
-                 f"then python train_rlvr.py --plot {out})")
-        return None
-    metrics = read_jsonl(out / "metrics.jsonl", ("step", "correct", "reward_std", "response_tokens", "grad_norm",
-                                                 "update_norm"))
-    if not metrics:
-        if required:
-            raise UserError(f"--plot: {out} holds no metrics.jsonl with a step in it; pass a run's output_dir")
-        return None
-    evals = read_jsonl(out / "eval.jsonl", ("step", "phase", "sample", "reward"))
-    run_figure(metrics, evals).savefig(out / "run.png", dpi=100)
-    progress(f"wrote {out / 'run.png'}")
-    tokens = read_jsonl(out / "tokens.jsonl", ("step", "rollout", "reward", "tokens", "before", "after"))
-    if tokens:  # token_report
-        token_figure(tokens).savefig(out / "tokens.png", dpi=100)
-        progress(f"wrote {out / 'tokens.png'}")
-    return out / "run.png"
+
+def token_lines(tokens: list[str], change: list[float], cols: int) -> list[tuple[int, int, str, float]]:
+    """(column, row, text shown, change) of each token, rows wrapped at `cols` characters."""
+    lines, x, y = [], 0, 0
+    for piece, c in zip(tokens, change):
+        shown = piece.replace("\n", "\u23ce") or "\u2205"
+        if x + len(shown) > cols and x:
+            x, y = 0, y + 1
+        lines.append((x, y, shown, c))
+        x += len(shown)
+    return lines
+
+
+def _ink(rgba) -> str:
+    """Black or white, whichever contrasts more with the cell (WCAG relative luminance)."""
+    lum = sum(w * (v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4)
+              for w, v in zip((0.2126, 0.7152, 0.0722), rgba[:3]))
+    return "white" if (1.05 / (lum + 0.05)) > ((lum + 0.05) / 0.05) else "black"
+
+
+def boxed_span(text: str) -> tuple[int, int]:
+    """Character span of the last \\boxed{...} of a text, braces matched; (0, 0) if none."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return 0, 0
+    depth = 0
+    for i in range(start + len("\\boxed"), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return start, i + 1
+    return start, len(text)
 
 
 # ----------------------------------------------------------------------------------------------
 # Evaluation
-#
+
 # The step table shows that the weights moved; this shows whether the model got better at math.
-# Before step 1 and after the last step (and after every eval_every steps), the first
-# eval_problems problems of eval_dataset (MATH-500 by default) are answered with the training
-# prompt and EOS, through the rollouts' decode loop (greedy; or eval_samples sampled responses per
-# problem), and scored by the same TimedVerifier. Evaluation decodes eagerly with a DynamicCache:
-# the compiled StaticDecoder serves the rollouts only (one prompt repeated, no padding).
+# Before step 1, after the last step and every eval_every steps, the first eval_problems problems of
+# eval_dataset (MATH-500 by default) are answered with the training prompt and EOS through the
+# rollouts' decode loop (greedy, or eval_samples sampled responses each) and scored by the same TimedVerifier.
 
 EVAL_FILES = ("eval.jsonl", "eval_summary.json")
 Z95 = 1.959964  # the two-sided 95 % normal quantile
+
+
+def evaluate_if_due(step: int, t: Trainer, s: RunState) -> bool:
+    """Evaluate the weights after `step` if the settings ask for it and the log lacks it, into the log and
+    the eval files. Returns whether it evaluated. A signal or CUDA out of memory in it stops the run."""
+    cfg, last = t.cfg, s.steps
+    due = cfg.eval_problems > 0 and (step in (0, last) or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
+    if not s.eval_set or not due or any(r["step"] == step for r in s.eval_log):
+        return False
+    phase = eval_phase(step, last)
+    t0 = time.perf_counter()
+    try:
+        records = evaluate(t.model, t.tokenizer, s.eval_set, cfg, t.eos_id, t.scorer, autocast(t.device, t.precision),
+                           phase, step, t.decoders)
+    except Interrupted:
+        raise StopRun(f"stopped by {signal.Signals(STOP['signal']).name} during the {phase} evaluation",
+                      stop_code()) from None
+    except StopRun as e:  # CUDA out of memory (on any rank)
+        raise StopRun(str(e), stop_code()) from None
+    note(f"after the {phase} evaluation")
+    s.eval_log.extend(records)
+    write_eval_files(s.out, s.eval_log, cfg)
+    report_eval(s.watch, records, cfg.eval_samples)
+    progress(eval_line(phase, records, cfg.eval_samples, time.perf_counter() - t0))
+    return True
+
+
+def load_eval_problems(cfg: Config) -> list[dict]:
+    """The first eval_problems records of eval_dataset, in file order: problem_field, answer_field, and level,
+    subject, unique_id ("unknown" / None where absent). Loaded before the model: a missing field costs no load."""
+    if cfg.eval_problems == 0:
+        return []
+    records = load_records(cfg.eval_dataset, cfg.eval_split,
+                           {"problem_field": cfg.problem_field, "answer_field": cfg.answer_field},
+                           0, cfg.eval_problems, setting="eval_dataset", count_keys=("eval_problems",))
+    subject = lambda r: str(r["subject"]).strip() if str(r.get("subject") or "").strip() else "unknown"  # noqa: E731
+    return [{"index": r["index"], "problem": r[cfg.problem_field], "answer": r[cfg.answer_field],
+             "level": normalize_level(r.get("level")), "subject": subject(r), "unique_id": r.get("unique_id")}
+            for r in records]
 
 
 def normalize_level(value) -> str:
@@ -2186,49 +2544,23 @@ def normalize_level(value) -> str:
     return text or "unknown"
 
 
-def load_eval_problems(cfg: Config) -> list[dict]:
-    """The first eval_problems records of eval_dataset, in file order, with the fields named by
-    problem_field and answer_field, and level, subject and unique_id where records have them
-    ("unknown" / None where not). Loaded before the model, so a missing field costs no load."""
-    if cfg.eval_problems == 0:
-        return []
-    records = load_records(cfg.eval_dataset, cfg.eval_split,
-                           {"problem_field": cfg.problem_field, "answer_field": cfg.answer_field},
-                           0, cfg.eval_problems, setting="eval_dataset", count_keys=("eval_problems",))
-    subject = lambda r: str(r["subject"]).strip() if str(r.get("subject") or "").strip() else "unknown"  # noqa: E731
-    return [{"index": r["index"], "problem": r[cfg.problem_field], "answer": r[cfg.answer_field],
-             "level": normalize_level(r.get("level")), "subject": subject(r), "unique_id": r.get("unique_id")}
-            for r in records]
-
-
 def eval_phase(step: int, last_step: int) -> str:
     """The name of the evaluation of the weights after `step`: before, step-N or after."""
     return "before" if step == 0 else "after" if step == last_step else f"step-{step}"
 
 
-def evaluation_due(cfg: Config, step: int, last_step: int) -> bool:
-    return cfg.eval_problems > 0 and (step in (0, last_step) or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
-
-
-def score_responses(scorer: verifier.TimedVerifier, texts: list[str], golds: list[str]) -> list[tuple]:
-    """(reward, extracted answer, status) per response, each against its own problem's reference,
-    through the rollouts' TimedVerifier (statuses correct, wrong, no_answer, timeout, crash)."""
-    return [scorer.score(text, gold) for text, gold in zip(texts, golds)]
-
-
 @torch.no_grad()
 def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, scorer, amp,
-             phase: str, step: int | None) -> list[dict]:
+             phase: str, step: int | None, decoders: Decoders | None = None) -> list[dict]:
     """Answer every problem with the current weights, eval_samples responses each, and score them:
     one record per problem and sample, in file order (problem, then sample).
 
-    eval_batch_size problems are decoded together, in order of prompt length (less padding). Every
-    row is computed on its own: greedy is the argmax of its logits, and sample s of problem i draws
-    from its own stream (seed, "eval", i, s), the same before and after training (common random
-    numbers make the paired comparison fairer). So neither the batch size nor the order changes a
-    token, up to float rounding of the padded batch (it could only flip an exact near-tie).
-    With `compile` on (CUDA by default) the batches decode through the compiled StaticDecoder of
-    "eval": one graph of eval_batch_size x eval_samples rows, checked against eager decoding first."""
+    eval_batch_size problems decode together, by prompt length (less padding). Each row is its own:
+    greedy is its argmax; sample s of problem i draws from its stream (seed, "eval", i, s), the same
+    before and after training (common random numbers: a fairer paired comparison). So neither batch
+    size nor order changes a token, up to float rounding of the padded batch (an exact near-tie).
+    With `compile` on (CUDA by default) the batches decode through the compiled StaticDecoder "eval":
+    one graph of eval_batch_size x eval_samples rows, checked against eager decoding first."""
     k, device = cfg.eval_samples, next(model.parameters()).device
     order = sorted(range(len(problems)), key=lambda i: (len(problems[i]["prompt_ids"]), i))
     order = order[RANKS.rank::RANKS.world]  # several processes: each its share (every problem alone: all)
@@ -2242,7 +2574,7 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, s
             check_stop(local=True)  # safe point for SIGINT/SIGTERM (ranks run different numbers of batches)
             batch = order[start:start + cfg.eval_batch_size]
             tokens += evaluate_batch(model, tokenizer, problems, batch, records, cfg, eos_id, scorer, amp, phase,
-                                     step, width)
+                                     step, width, decoders)
             seconds = time.perf_counter() - t0
             bar_advanced(bar, len(batch), tokens_per_s=f"{tokens / seconds if seconds > 0 else 0.0:.0f}")
     shares = gather_objects([(n, r) for n, r in enumerate(records) if r is not None])
@@ -2252,10 +2584,8 @@ def evaluate(model, tokenizer, problems: list[dict], cfg: Config, eos_id: int, s
 
 
 def evaluate_batch(model, tokenizer, problems: list[dict], batch: list[int], records: list, cfg: Config, eos_id: int,
-                   scorer, amp, phase: str, step: int | None, width: int) -> int:
-    """Decode and score one batch of problems (eval_samples rows each) into `records`; returns the
-    tokens generated. Greedy is the argmax; sample s of problem i draws from its stream (seed,
-    "eval", i, s)."""
+                   scorer, amp, phase: str, step: int | None, width: int, decoders: Decoders | None = None) -> int:
+    """Decode and score one batch of problems (eval_samples rows each) into `records`; returns the tokens made."""
     k, device = cfg.eval_samples, next(model.parameters()).device
     rows = [(i, s) for i in batch for s in range(k)]
     prompt = {i: torch.tensor(problems[i]["prompt_ids"], device=device) for i in batch}
@@ -2266,7 +2596,7 @@ def evaluate_batch(model, tokenizer, problems: list[dict], batch: list[int], rec
             stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
         pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
     responses, cut = compiled_or_eager(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens,
-                                       eos_id, pick, amp, cfg, streams, "eval", width)
+                                       eos_id, pick, amp, cfg, streams, "eval", width, decoders)
     texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
     scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
     for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):
@@ -2278,6 +2608,12 @@ def evaluate_batch(model, tokenizer, problems: list[dict], batch: list[int], rec
             "reward": reward, "tokens": len(response), "cut_at_limit": was_cut,
         }
     return sum(len(r) for r in responses)
+
+
+def score_responses(scorer: verifier.TimedVerifier, texts: list[str], golds: list[str]) -> list[tuple]:
+    """(reward, extracted answer, status) per response, each against its own problem's reference,
+    through the rollouts' TimedVerifier (statuses correct, wrong, no_answer, timeout, crash)."""
+    return [scorer.score(text, gold) for text, gold in zip(texts, golds)]
 
 
 # Statistics
@@ -2294,10 +2630,9 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
 
 
 def mcnemar_exact_p(improved: int, regressed: int) -> float:
-    """The exact two-sided McNemar test of paired right/wrong outcomes: under no change, each of the
-    improved + regressed discordant problems is equally likely to go either way, so
-    p = min(1, 2 * P(X <= min(improved, regressed))) with X ~ Binomial(improved + regressed, 1/2).
-    Integer arithmetic, one rounding; 1 when no problem changed."""
+    """The exact two-sided McNemar test of paired right/wrong outcomes: with no change, each discordant
+    problem goes either way alike, so p = min(1, 2 * P(X <= min(improved, regressed))) with
+    X ~ Binomial(improved + regressed, 1/2). Integer arithmetic, one rounding; 1 when no problem changed."""
     n = improved + regressed
     if n == 0:
         return 1.0
@@ -2306,8 +2641,7 @@ def mcnemar_exact_p(improved: int, regressed: int) -> float:
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k of Chen et al. 2021 from n samples of which c are correct:
-    1 - C(n - c, k) / C(n, k), computed as their numerically stable product."""
+    """The unbiased pass@k (Chen et al. 2021) of n samples, c correct: 1 - C(n - c, k) / C(n, k), a stable product."""
     if n - c < k:
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
@@ -2319,15 +2653,19 @@ def _group_key(kind: str, name: str):
             (0, int(name)) if name.isdigit() else (1, name))
 
 
-def summarize_phase(records: list[dict], samples: int) -> dict:
-    """Every number of one evaluation: per group (overall, each level, each subject) the problems n,
-    correct responses, accuracy (mean pass@1; greedy: correct / n) with its 95 % Wilson interval,
-    and for samples > 1 pass@j for j = 1, 2, 4, ..., samples; and the format figures."""
-    correct: dict[int, int] = {}
-    meta: dict[int, dict] = {}
+def correct_counts(records: list[dict]) -> dict[int, int]:
+    """Per problem (dataset index, in the records' order), its correct responses."""
+    out: dict[int, int] = {}
     for r in records:
-        correct[r["problem_index"]] = correct.get(r["problem_index"], 0) + (r["reward"] == 1.0)
-        meta[r["problem_index"]] = r
+        out[r["problem_index"]] = out.get(r["problem_index"], 0) + (r["reward"] == 1.0)
+    return out
+
+
+def summarize_phase(records: list[dict], samples: int) -> dict:
+    """Every number of one evaluation: per group (overall, each level, each subject) the problems n, correct
+    responses, accuracy (mean pass@1; greedy: correct / n) with its 95 % Wilson interval, for samples > 1
+    pass@j for j = 1, 2, 4, ..., samples; and the format figures."""
+    correct, meta = correct_counts(records), {r["problem_index"]: r for r in records}
     groups: dict[tuple[str, str], list[int]] = {}
     for i, r in meta.items():
         for key in (("overall", "overall"), ("level", r["level"]), ("subject", r["subject"])):
@@ -2358,16 +2696,10 @@ def summarize_phase(records: list[dict], samples: int) -> dict:
 
 def paired_comparison(before: list[dict], after: list[dict], samples: int) -> dict:
     """Per problem, its correct responses before vs after: improved (more), regressed (fewer), right
-    both times (all right in both), wrong both times (none right in both), and for samples > 1 the
-    problems unchanged in between. The p-value is the exact McNemar test on improved vs regressed
-    (for samples > 1 that is the exact sign test on the per-problem counts: the samples of one
-    problem are not independent, so they are not counted as separate pairs)."""
-    def counts(records):
-        out: dict[int, int] = {}
-        for r in records:
-            out[r["problem_index"]] = out.get(r["problem_index"], 0) + (r["reward"] == 1.0)
-        return out
-    b, a = counts(before), counts(after)
+    both times (all right in both), wrong both times (none right in both), unchanged in between (samples
+    > 1). p: the exact McNemar test on improved vs regressed; for samples > 1 the exact sign test on the
+    per-problem counts (one problem's samples are not independent: not separate pairs)."""
+    b, a = correct_counts(before), correct_counts(after)
     both = sorted(set(b) & set(a))
     res = {
         "problems": len(both),
@@ -2383,8 +2715,7 @@ def paired_comparison(before: list[dict], after: list[dict], samples: int) -> di
 
 
 def eval_summary(records: list[dict], cfg: Config) -> dict:
-    """eval_summary.json: the settings, every phase's summary, and before vs after (change per group
-    in percentage points, the paired comparison) when both exist."""
+    """eval_summary.json: the settings, each phase's summary, before vs after (points per group, paired) if both."""
     by_phase: dict[str, list[dict]] = {}
     for r in sorted(records, key=lambda r: -1 if r["step"] is None else r["step"]):
         by_phase.setdefault(r["phase"], []).append(r)
@@ -2398,21 +2729,17 @@ def eval_summary(records: list[dict], cfg: Config) -> dict:
     }
     if "before" in phases and "after" in phases:
         b, a = phases["before"]["groups"], {g["group"]: g for g in phases["after"]["groups"]}
-        change = {}
-        for g in b:
-            if g["group"] in a:
-                change[g["group"]] = {"accuracy": 100 * (a[g["group"]]["accuracy"] - g["accuracy"])}
-                if cfg.eval_samples > 1:
-                    k = str(cfg.eval_samples)
-                    change[g["group"]][f"pass_at_{k}"] = 100 * (a[g["group"]]["pass_at_k"][k] - g["pass_at_k"][k])
+        k = str(cfg.eval_samples)
+        change = {g["group"]: {"accuracy": 100 * (a[g["group"]]["accuracy"] - g["accuracy"]),
+                               **({f"pass_at_{k}": 100 * (a[g["group"]]["pass_at_k"][k] - g["pass_at_k"][k])}
+                                  if cfg.eval_samples > 1 else {})} for g in b if g["group"] in a}
         summary["comparison"] = {"from": "before", "to": "after", "change_points": change,
                                  "paired": paired_comparison(by_phase["before"], by_phase["after"], cfg.eval_samples)}
     return summary
 
 
 def write_eval_files(out: Path, records: list[dict], cfg: Config) -> dict:
-    """eval.jsonl (every record so far, rewritten whole) and eval_summary.json, each written to a
-    temporary file and renamed into place. Returns the summary."""
+    """eval.jsonl (every record so far) and eval_summary.json, each written whole and renamed into place."""
     summary = eval_summary(records, cfg)
     if process_rank() != 0:  # rank 0 writes
         return summary
@@ -2435,8 +2762,7 @@ def read_eval_log(out: Path, steps_done: list[int] | None, last_step: int) -> li
 
 
 def eval_steps_done(records: list[dict], cfg: Config) -> list[int] | None:
-    """What a checkpoint records of the evaluations: the steps whose weights were evaluated (None
-    when evaluation is off, so its state.json stays as before)."""
+    """For a checkpoint: the steps whose weights were evaluated (None with evaluation off: no key in state.json)."""
     return sorted({r["step"] for r in records}) if cfg.eval_problems else None
 
 
@@ -2498,28 +2824,21 @@ def format_eval_table(summary: dict) -> str:
                 row += [_percent(h["accuracy"]), _interval(h["wilson95"]), _percent(h["pass_at_k"][str(k)]),
                         _interval(h["pass_at_k_wilson95"])]
         if comparing:
-            change = summary["comparison"]["change_points"].get(g["group"])
-            row += (["-"] if k == 1 else ["-", "-"]) if change is None else (
-                [_points(change["accuracy"])] if k == 1 else
-                [_points(change["accuracy"]), _points(change[f"pass_at_{k}"])])
+            change = summary["comparison"]["change_points"].get(g["group"])  # pass@1, and pass@k if sampled
+            row += ["-" if change is None else _points(change[key]) for key in ("accuracy", f"pass_at_{k}")[:min(k, 2)]]
         table.append(row)
     lines += _columns(table, left=1)
     if comparing:
         c = summary["comparison"]["paired"]
-        if k == 1:
-            lines += ["", f"paired, per problem: {c['improved']} improved, {c['regressed']} regressed, "
-                          f"{c['right_both_times']} right both times, {c['wrong_both_times']} wrong both times; "
-                          f"exact McNemar p = {format_p(c['mcnemar_p'])}"]
-        else:
-            lines += ["", f"paired, per problem (correct samples of {k}): {c['improved']} improved, "
-                          f"{c['regressed']} regressed, {c['right_both_times']} right both times, "
-                          f"{c['wrong_both_times']} wrong both times, {c['unchanged_in_between']} unchanged in "
-                          f"between; exact sign (McNemar) test p = {format_p(c['mcnemar_p'])}"]
-    fmt = [["", *names]]
-    fmt.append(["no answer", *[_percent(phases[n]["format"]["no_answer_rate"]) for n in names]])
-    fmt.append(["cut at limit", *[_percent(phases[n]["format"]["cut_at_limit_rate"]) for n in names]])
-    fmt.append(["mean response tokens", *[f"{phases[n]['format']['mean_response_tokens']:.1f}" for n in names]])
-    fmt.append(["verifier overruns", *[str(phases[n]["format"]["verifier_overruns"]) for n in names]])
+        counts = (f"{c['improved']} improved, {c['regressed']} regressed, {c['right_both_times']} right both "
+                  f"times, {c['wrong_both_times']} wrong both times")
+        lines += ["", f"paired, per problem: {counts}; exact McNemar p = {format_p(c['mcnemar_p'])}" if k == 1 else
+                  f"paired, per problem (correct samples of {k}): {counts}, {c['unchanged_in_between']} unchanged "
+                  f"in between; exact sign (McNemar) test p = {format_p(c['mcnemar_p'])}"]
+    fmt = [["", *names]] + [[label, *[shown(phases[n]["format"][key]) for n in names]] for label, key, shown in (
+        ("no answer", "no_answer_rate", _percent), ("cut at limit", "cut_at_limit_rate", _percent),
+        ("mean response tokens", "mean_response_tokens", "{:.1f}".format),
+        ("verifier overruns", "verifier_overruns", str))]
     lines += [""] + _columns(fmt, left=1)
     return "\n".join(lines)
 
@@ -2537,116 +2856,11 @@ def eval_line(phase: str, records: list[dict], samples: int, seconds: float) -> 
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpoints
-
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; raised at the next safe point of a step."""
-
-
-class StopRun(Exception):
-    """Why the run stops early, raised where it happens, with its exit status (1 unless a signal):
-    stop_run then checkpoints the last completed step and prints the command that resumes."""
-
-    def __init__(self, reason: str, code: int = 1):
-        super().__init__(reason)
-        self.code = code
-
-
-STOP = {"signal": None}  # set by the signal handler, read at safe points
-
-
-def check_stop(local: bool = False, failure: str | None = None) -> None:
-    """A safe point: nothing of the current step has touched the weights or the optimizer yet.
-    Raises Interrupted after SIGINT/SIGTERM, StopRun(failure) if this step failed (out of memory,
-    unusable scores).
-
-    Several processes stop together or not at all: at these points every rank says whether a
-    signal reached it or its share failed (a collective), and all of them stop if one did. Points
-    that ranks reach a different number of times (decode steps, evaluation batches) check this
-    rank alone (local); an interrupt there waits for the end of its phase (see agreed)."""
-    signum = STOP["signal"] or 0
-    if local or RANKS.world == 1:
-        if failure:
-            raise StopRun(failure)
-        if signum:
-            raise Interrupted()
-        return
-    code = int(max_over_ranks(signum + (1000 if failure else 0)))
-    if code >= 1000:
-        failed = [(r, m) for r, m in enumerate(gather_objects(failure)) if m]
-        raise StopRun(f"rank {failed[0][0]}: {failed[0][1]}")
-    if code:
-        STOP["signal"] = code  # also on a rank the signal did not reach: every rank exits alike
-        raise Interrupted()
-
-
-@contextmanager
-def agreed(phase: str, step: int | None, **facts):
-    """A phase that every rank runs. A fault inside it (CUDA out of memory, unusable scores, a
-    signal at one of its local safe points) becomes its message (fault_message); at its end every
-    rank learns whether any rank failed or was signalled, and they stop together (check_stop).
-    One process: at once."""
-    where = f"step {step}: {phase}" if step is not None else f"the {phase} evaluation"
-    note(where)
-    failure = None
-    try:
-        yield
-    except (torch.OutOfMemoryError, NonFiniteScores) as e:
-        failure = fault_message(e, phase, step, **facts)
-    except Interrupted:
-        if RANKS.world == 1:
-            raise
-    note(f"{where}, done: waiting for the other ranks")  # a rank that never gets here is the one that hangs
-    check_stop(failure=failure)
-
-
-def fault_message(error: Exception, phase: str, step: int | None, cfg: Config, prompt_tokens: int = 0,
-                  rollouts: int = 0, longest: int = 0) -> str:
-    """What the user reads when a phase cannot go on: every fault's message, in one place."""
-    if isinstance(error, NonFiniteScores):
-        where = f"step {step}" if step is not None else f"the {phase} evaluation"
-        return (f"{where}: {error}; the weights no longer give finite scores (lower learning_rate; "
-                "the checkpoint holds the last completed step)")
-    if phase == "generation":
-        return (f"CUDA out of memory at step {step} while generating {rollouts} rollouts of up to "
-                f"{cfg.max_new_tokens} tokens after a {prompt_tokens}-token prompt; lower max_new_tokens "
-                "or group_size, or set precision: bf16")
-    if phase == "backward":
-        return (f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
-                f"tokens after a {prompt_tokens}-token prompt; lower max_new_tokens, set "
-                "logprob_batch_size: 1 or precision: bf16")
-    return (f"CUDA out of memory in the {phase} evaluation ({cfg.eval_batch_size} problems x {cfg.eval_samples} "
-            f"responses of up to {cfg.eval_max_new_tokens} tokens); lower eval_batch_size or eval_max_new_tokens")
-
-
-def agreed_signal() -> int:
-    """The signal that stops the run now, if any: this process's, or (several processes) any rank's."""
-    signum = STOP["signal"] or 0
-    signum = signum if RANKS.world == 1 else int(max_over_ranks(signum))
-    if signum:
-        STOP["signal"] = signum
-    return signum
-
-
-def install_signal_handlers() -> dict:
-    def handler(signum, frame):
-        if STOP["signal"] is not None:
-            if RANKS.world > 1:  # torchrun passes the terminal's Ctrl-C on again: the ranks stop together
-                return
-            os._exit(128 + signum)  # second signal: at once; checkpoints are renamed into place whole
-        STOP["signal"] = signum
-        # os.write, not print: a handler may run in the middle of another write to stderr
-        again = "" if RANKS.world > 1 else " (send it again to exit at once)"
-        if process_rank() == 0:
-            os.write(2, f"\n{signal.Signals(signum).name}: stopping at the next safe point{again}\n".encode())
-    STOP["signal"] = None
-    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
+# Checkpoints and the output folder
 
 LOG_FILES = ("metrics.jsonl", "rollouts.jsonl")  # a run's logs; every checkpoint holds a copy
-# The resolved settings at the top of output_dir. Not config.yaml: that name is the user's (a run
-# started with --config output_dir/config.yaml, or output_dir=. in the repository, must not replace
-# the file it reads). Inside checkpoints/step-N (rlvr's own folder) the copy keeps the name config.yaml.
+# The resolved settings at the top of output_dir. Not config.yaml, the user's name (--config
+# output_dir/config.yaml, or output_dir=., must not replace the file it reads); checkpoints keep config.yaml.
 RUN_CONFIG = "run_config.yaml"
 RUN_CONFIG_MARK = "# rlvr: the resolved settings of the run in this folder\n"  # without it: not ours
 RUN_FILES = (*LOG_FILES, RUN_CONFIG, "eval.jsonl", "eval_summary.json", "run.png")  # what a run writes at the top
@@ -2655,9 +2869,107 @@ MANIFEST = "manifest.json"                       # size and sha256 of every file
 LOCK_FILE = ".rlvr.lock"
 
 
+def checkpoint_if_due(step: int, t: Trainer, s: RunState) -> None:
+    """A checkpoint every save_every steps and after the last; after a signal during the optimizer step
+    (on any rank) the complete step is saved, and the run stops."""
+    signalled = agreed_signal()
+    if (t.cfg.save_every and step % t.cfg.save_every == 0) or step == s.steps or signalled:
+        write_checkpoint(step, t, s)
+    if signalled:
+        raise StopRun(f"stopped by {signal.Signals(signalled).name} after step {step}", 128 + signalled)
+
+
+def write_checkpoint(step: int, t: Trainer, s: RunState) -> None:
+    """save_checkpoint on every rank alike, after comparing the replicas (it holds the weights every rank
+    has). One that cannot be written (a full disk; the previous ones are intact) stops the run."""
+    progress(f"[step {step}] writing checkpoint")
+    try:
+        check_replicas(t.params)
+        save_checkpoint(s.out, step, t.model, t.optimizer, t.cfg, next_record(s.problems, problems_drawn(s.history)),
+                        eval_steps_done(s.eval_log, t.cfg), tracker_ids(s.watch))
+        failed = None
+    except StopRun as e:
+        failed = str(e)
+    failed = from_rank0(failed)
+    if failed is not None:
+        raise StopRun(failed)
+    s.last_saved = step
+    RANKS.resume_hint = (f"The checkpoint of step {step} in {s.out / 'checkpoints'} is complete; to continue: "
+                         f"{resume_command(s.argv)}")
+
+
+def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_record: int | None,
+                    eval_steps: list[int] | None = None, tracker_ids: dict | None = None) -> Path:
+    """Weights, optimizer state, step counter, config and the logs up to this step, with a manifest, written to a
+    temporary folder, fsynced, then renamed into place: a crash mid-write leaves the previous checkpoints intact.
+    Keeps the last keep_last. No RNG state: every rollout's stream derives from (seed, step, rollout). eval_steps
+    (with eval.jsonl) spares a resumed run the evaluations done; tracker_ids let it continue the tracker runs. A
+    full disk raises StopRun with the space needed, after removing the partial folder."""
+    model_state, optimizer_state = full_states(model, optimizer)  # every rank takes part (fsdp gathers)
+    root = out / "checkpoints"
+    final, tmp = root / f"step-{step:06d}", root / f".tmp-step-{step:06d}-{os.getpid()}"
+    if RANKS.rank != 0:  # rank 0 writes
+        return final
+    root.mkdir(exist_ok=True)
+    need = checkpoint_bytes(model, optimizer, out)
+    if shutil.disk_usage(root).free < need:
+        raise StopRun(no_space_message(root, need))
+    shutil.rmtree(tmp, ignore_errors=True)
+    state = {"step": step, "next_record": next_record}  # data position: the next step's record (None after the last)
+    state.update({} if eval_steps is None else {"eval_steps_done": eval_steps})
+    state.update(tracker_ids or {})
+    try:
+        tmp.mkdir()
+        save_file({k: v.contiguous() for k, v in untied(model, model_state).items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+        write_checkpoint_rest(tmp, out, cfg, state)
+    except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as "unexpected pos"
+        shutil.rmtree(tmp, ignore_errors=True)
+        if getattr(e, "errno", None) == errno.ENOSPC or shutil.disk_usage(root).free < need:
+            raise StopRun(no_space_message(root, need)) from None
+        raise
+    place_checkpoint(tmp, final)
+    ours = [c for c in list_checkpoints(out) if read_manifest(c) is not None]
+    for stale in ours[:-cfg.keep_last]:
+        remove_own_files(stale)
+    return final
+
+
+def write_checkpoint_rest(tmp: Path, out: Path, cfg: Config, state: dict) -> None:
+    """A checkpoint folder's files beside the weights: the logs, config.yaml, state.json, then the
+    manifest (size and sha256 of each file); every file and the folder fsynced."""
+    for name in (*LOG_FILES, "eval.jsonl"):
+        if name in LOG_FILES or (out / name).exists():
+            shutil.copyfile(out / name, tmp / name)
+    (tmp / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
+    (tmp / "state.json").write_text(json.dumps(state))
+    write_manifest(tmp, state["step"])
+    for f in tmp.iterdir():
+        _fsync(f)
+    _fsync(tmp)
+
+
+def place_checkpoint(tmp: Path, final: Path) -> None:
+    """Rename the complete folder tmp to final. A final already there is kept under another name when
+    it has no rlvr manifest (not verifiably ours), else replaced (this step written again after a resume)."""
+    root = final.parent
+    if final.exists() and read_manifest(final) is None:
+        aside = root / f"{final.name}.kept-{int(time.time())}"
+        os.rename(final, aside)
+        progress(f"{final} has no rlvr manifest; moved it to {aside} instead of replacing it")
+    if final.exists():
+        old = root / f".old-{final.name}-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)  # a crash between the renames: recover_checkpoint_rewrite restores old
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    _fsync(root)
+
+
 def list_checkpoints(out: Path) -> list[Path]:
-    """Checkpoint folders, oldest first. A half-written one never carries the final name (it is
-    written as .tmp-step-N and renamed); whether one is intact, verify_checkpoint says."""
+    """Checkpoint folders, oldest first; a half-written one is still .tmp-step-N (intact? verify_checkpoint)."""
     found = [p for p in (out / "checkpoints").glob("step-*") if p.name[5:].isdigit() and p.is_dir()]
     return sorted(found, key=lambda p: int(p.name[5:]))
 
@@ -2671,8 +2983,6 @@ def _fsync(path: Path) -> None:
 
 
 def sha256_file(path: Path) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 24):
@@ -2734,11 +3044,9 @@ def checkpoint_bytes(model, optimizer, out: Path) -> int:
 
 
 def run_disk_need(cfg: Config, model, out: Path, done: int, steps: int) -> tuple[int, int]:
-    """What the checkpoints and final/ of the steps to come take on disk at the most, known before
-    step 1: a checkpoint is the weights (a tied tensor once), AdamW's two moments in the weights'
-    dtype and the logs; up to keep_last + 1 of them at once while one is written (the oldest goes
-    after); final/ the weights again. Checkpoints already in output_dir count as taken. Returns
-    that need and one checkpoint's size."""
+    """The most the checkpoints and final/ of the steps to come take on disk, known before step 1: a checkpoint is
+    the weights, AdamW's two moments in their dtype and the logs, keep_last + 1 at once while one is written; final/
+    the weights again. Checkpoints in output_dir count as taken. Returns that need and one checkpoint's size."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied tensor once; fsdp: whole
     moments = sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     ckpt = weights + moments + sum((out / n).stat().st_size for n in LOG_FILES if (out / n).is_file())
@@ -2748,8 +3056,7 @@ def run_disk_need(cfg: Config, model, out: Path, done: int, steps: int) -> tuple
 
 
 def check_disk(cfg: Config, model, out: Path, done: int, steps: int) -> None:
-    """Refuse before step 1 a run whose checkpoints cannot fit: else the steps before the first
-    checkpoint are trained, then lost (ten steps of GPU time with save_every: 10)."""
+    """Refuse before step 1 a run whose checkpoints cannot fit: else the steps before the first one are lost."""
     need, ckpt = run_disk_need(cfg, model, out, done, steps)
     free = shutil.disk_usage(out).free
     if free < need:
@@ -2765,77 +3072,11 @@ def no_space_message(folder: Path, need: int) -> str:
             "free; free some space (the README lists what a run needs)")
 
 
-def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_record: int | None,
-                    eval_steps: list[int] | None = None, tracker_ids: dict | None = None) -> Path:
-    """Weights, optimizer state, step counter, config and the logs up to this step, with a manifest
-    (size and sha256 of each file), written to a temporary folder, fsynced, then renamed into
-    place: a crash mid-write leaves the previous checkpoints intact. Keeps the last keep_last.
-    No RNG state: every rollout's stream is derived from (seed, step, rollout), see rollout_streams.
-    With evaluation on, also eval.jsonl and the steps whose weights were evaluated (eval_steps), so
-    a resumed run does not redo them; with report_to=wandb, the wandb run's id (tracker_ids), so a
-    resumed run continues it. A full disk raises StopRun with the space needed, after
-    removing the partial folder."""
-    import errno
-
-    model_state, optimizer_state = full_states(model, optimizer)  # every rank takes part (fsdp gathers)
-    root = out / "checkpoints"
-    final = root / f"step-{step:06d}"
-    if RANKS.rank != 0:  # rank 0 writes
-        return final
-    root.mkdir(exist_ok=True)
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    need = checkpoint_bytes(model, optimizer, out)
-    if shutil.disk_usage(root).free < need:
-        raise StopRun(no_space_message(root, need))
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-        write_model_file(model, model_state, tmp / "model.safetensors")
-        torch.save(optimizer_state, tmp / "optimizer.pt")
-        for name in (*LOG_FILES, "eval.jsonl"):
-            if name in LOG_FILES or (out / name).exists():
-                shutil.copyfile(out / name, tmp / name)
-        (tmp / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
-        # data position: the dataset record of the next step (None after the last)
-        state = {"step": step, "next_record": next_record}
-        if eval_steps is not None:
-            state["eval_steps_done"] = eval_steps
-        state.update(tracker_ids or {})
-        (tmp / "state.json").write_text(json.dumps(state))
-        write_manifest(tmp, step)
-        for f in tmp.iterdir():
-            _fsync(f)
-        _fsync(tmp)
-    except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as "unexpected pos"
-        shutil.rmtree(tmp, ignore_errors=True)
-        if getattr(e, "errno", None) == errno.ENOSPC or shutil.disk_usage(root).free < need:
-            raise StopRun(no_space_message(root, need)) from None
-        raise
-    if final.exists() and read_manifest(final) is None:  # not verifiably ours: kept, under another name
-        aside = root / f"{final.name}.kept-{int(time.time())}"
-        os.rename(final, aside)
-        progress(f"{final} has no rlvr manifest; moved it to {aside} instead of replacing it")
-    if final.exists():  # resumed from an older checkpoint: this step is being written again
-        old = root / f".old-{final.name}-{os.getpid()}"
-        os.rename(final, old)
-        os.rename(tmp, final)  # a crash between the renames: recover_checkpoint_rewrite restores old
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, final)
-    _fsync(root)
-    ours = [c for c in list_checkpoints(out) if read_manifest(c) is not None]
-    for stale in ours[:-cfg.keep_last]:
-        remove_own_files(stale)
-    return final
-
-
 def recover_checkpoint_rewrite(root: Path) -> None:
-    """Undo what a crash between the two renames of a checkpoint rewrite left in `root`.
-
-    A rewrite of step-N (after resuming from an older checkpoint) renames step-N to
-    .old-step-N-<pid>, then .tmp-step-N-<pid> to step-N. Killed between the two renames, it leaves
-    no step-N: the .old- copy, a complete checkpoint, is renamed back. This runs before anything
-    looks for checkpoints and deletes nothing; begin_output removes the leftovers later."""
+    """Undo what a crash between the two renames of a checkpoint rewrite left in `root`: a rewrite of
+    step-N renames step-N to .old-step-N-<pid>, then .tmp-step-N-<pid> to step-N; killed in between, it
+    leaves no step-N, and the .old- copy (complete) is renamed back. Runs before anything looks for
+    checkpoints and deletes nothing; begin_output removes the leftovers later."""
     if not root.is_dir():
         return
     for old in sorted(root.glob(".old-step-*")):
@@ -2856,8 +3097,7 @@ def problems_drawn(history: list[dict]) -> int:
 
 
 def checkpoint_history(ckpt: Path, problems: list[dict]) -> list[dict]:
-    """The metrics of the steps a verified checkpoint has done (its step counter, checked against
-    its logs by verify_checkpoint), once its data position is checked against the data."""
+    """The metrics of a verified checkpoint's steps, once its data position is checked against the data."""
     state = json.loads((ckpt / "state.json").read_text())
     history = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
     here = next_record(problems, problems_drawn(history))
@@ -2868,13 +3108,10 @@ def checkpoint_history(ckpt: Path, problems: list[dict]) -> list[dict]:
 
 
 def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[dict]:
-    """Restore the weights and the optimizer state of a verified checkpoint; return the metrics of
-    the steps it has done. Several processes: rank 0 reads it and sends each rank its part (replica
-    or shard), so the other machines need no copy of output_dir. The optimizer has no state yet:
-    set_optimizer_state_dict creates it with a step at lr 0 (every weight unchanged)."""
-    from safetensors.torch import load_file
+    """Restore the weights and the optimizer state of a verified checkpoint; return the metrics of its
+    steps. Rank 0 reads it and sends each rank its part (replica or shard): other machines need no copy
+    of output_dir. set_optimizer_state_dict creates the absent state with a step at lr 0 (no weight moves)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     history = on_rank0(checkpoint_history, ckpt, problems)
     # strict=False: a tied weight is in the file once; check_weight_names does the checking instead
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=RANKS.world > 1, strict=False)
@@ -2892,25 +3129,22 @@ def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[
 
 
 def load_optimizer_state(model, optimizer, state: dict, options) -> None:
-    """set_optimizer_state_dict, unless the checkpoint's AdamW has no state yet (every step so far
-    was skipped): kept by hand because the API first gives the optimizer state with a step at lr 0
-    and keeps it when the loaded state is empty (measured: 24 entries, step 1), so the next step's
-    bias correction would differ from the uninterrupted run's."""
+    """set_optimizer_state_dict, unless the checkpoint's AdamW has no state yet (every step skipped): the
+    API makes a state with a step at lr 0 and keeps it when the loaded one is empty (measured: 24
+    entries, step 1), so the next step's bias correction would differ from the uninterrupted run's."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
     if from_rank0(bool(state.get("state")) if RANKS.rank == 0 else None):
         set_optimizer_state_dict(model, optimizer, state, options=options)
 
 
 def full_states(model, optimizer) -> tuple[dict, dict | None]:
     """The model's state and the optimizer's (or None), whole and keyed by parameter name, on rank 0:
-    one model.safetensors and one optimizer.pt serve 1 process, N replicas or N shards alike. fsdp
-    gathers them from the shards: a collective, every rank calls it."""
+    one file each serves 1 process, N replicas or N shards alike. fsdp gathers: every rank calls it."""
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
 
-    # cpu_offload for fsdp only: the full state lands on rank 0's host alone. One process and replicas
-    # hand over their own tensors (offloaded, a GPU's whole state would be copied to the host at once)
+    # cpu_offload for fsdp only (the full state lands on rank 0's host alone); one process and replicas
+    # hand over their own tensors, not a copy of a GPU's whole state on the host at once
     options = StateDictOptions(full_state_dict=True, cpu_offload=RANKS.sharding == "fsdp")
     model_state = get_model_state_dict(model, options=options)
     if optimizer is not None and not optimizer.state:  # no step taken yet since the start or resume
@@ -2919,15 +3153,8 @@ def full_states(model, optimizer) -> tuple[dict, dict | None]:
     return model_state, None if optimizer is None else get_optimizer_state_dict(model, optimizer, options=options)
 
 
-def write_model_file(model, state: dict, path: Path) -> None:
-    from safetensors.torch import save_file
-
-    save_file({k: v.contiguous() for k, v in untied(model, state).items()}, str(path), metadata={"format": "pt"})
-
-
 def weight_names(model) -> list[list[str]]:
-    """The state-dict names of each weight; a tied weight has two (Qwen3: the LM head is the input
-    embedding, model.embed_tokens.weight and lm_head.weight)."""
+    """The state-dict names of each weight; a tied one has two (Qwen3: model.embed_tokens.weight, lm_head.weight)."""
     names = {}
     for name, t in model.state_dict(keep_vars=True).items():
         names.setdefault(id(t), []).append(name)
@@ -2935,17 +3162,15 @@ def weight_names(model) -> list[list[str]]:
 
 
 def untied(model, state: dict) -> dict:
-    """state with each weight once, under its first name. Kept by hand: get_model_state_dict lists a
-    tied weight under both names (measured: one process, the same tensor twice; fsdp, two gathered
-    copies), and safetensors' save_file refuses a tensor stored twice."""
+    """state with each weight once, under its first name: get_model_state_dict lists a tied weight under
+    both names (measured: one tensor twice; fsdp, two copies), and save_file refuses a tensor twice."""
     return {names[0]: state[names[0]] for names in weight_names(model)}
 
 
 def check_weight_names(model, state: dict) -> dict:
-    """state, if it holds every weight of the model (a tied one under either name: rlvr before the
-    torch.distributed.checkpoint API wrote lm_head.weight from one process) and nothing else. Kept
-    by hand: set_model_state_dict with full_state_dict fills a missing weight with the model's own
-    (measured: strict=True accepts a file without a layer), and raises nothing about it."""
+    """state, if it holds every weight of the model (a tied one under either name: older rlvr
+    wrote lm_head.weight) and nothing else: set_model_state_dict with full_state_dict silently fills a
+    missing weight with the model's own (measured: strict=True accepts a file without a layer)."""
     if RANKS.rank == 0:
         groups = weight_names(model)
         missing = [names[0] for names in groups if not state.keys() & set(names)]
@@ -2969,8 +3194,7 @@ def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | N
     if cfg.resume == "auto":
         found, skipped, ckpt = list_checkpoints(out), [], None
         for candidate in reversed(found):
-            problem = verify_checkpoint(candidate)
-            if problem is None:
+            if (problem := verify_checkpoint(candidate)) is None:
                 ckpt = candidate
                 break
             skipped.append(f"{candidate.name} ({problem})")
@@ -2987,12 +3211,10 @@ def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | N
         if not (ckpt / MANIFEST).exists() and not (ckpt / "state.json").exists():
             raise UserError(f"resume: {ckpt} is not a checkpoint folder; use resume=auto or a folder under "
                             f"{out / 'checkpoints'}")
-        problem = verify_checkpoint(ckpt)
-        if problem:
+        if problem := verify_checkpoint(ckpt):
             raise UserError(f"cannot resume {ckpt}: {problem}; resume another checkpoint (resume=auto takes the "
                             "newest intact one)")
-        inside = ckpt.resolve().parent == (out / "checkpoints").resolve()
-        if not inside and holds and not cfg.overwrite:
+        if ckpt.resolve().parent != (out / "checkpoints").resolve() and holds and not cfg.overwrite:
             raise UserError(f"resume={ckpt} is not a checkpoint of output_dir {out}, which holds another run "
                             f"({', '.join(holds)}); set output_dir to the checkpoint's run, choose an empty "
                             "output_dir, or pass overwrite=true to replace that run")
@@ -3040,8 +3262,7 @@ def own_run_config(out: Path) -> bool:
 
 
 def remove_own_files(folder: Path) -> None:
-    """Delete the files folder's manifest lists and the manifest, then the folder if nothing else
-    is in it: whatever rlvr did not write itself stays."""
+    """Delete the files its manifest lists, the manifest, then the folder if empty: what rlvr did not write stays."""
     for name in (read_manifest(folder) or {"files": {}})["files"]:
         (folder / name).unlink(missing_ok=True)
     (folder / MANIFEST).unlink(missing_ok=True)
@@ -3051,8 +3272,7 @@ def remove_own_files(folder: Path) -> None:
 
 @dataclass
 class OutputDir:
-    """output_dir, locked for the life of the process. Nothing in it changes before begin_output,
-    which runs once the data and the model have loaded."""
+    """output_dir, locked for the life of the process; nothing in it changes before begin_output (all loaded)."""
     path: Path
     resume_from: Path | None
     replace: bool      # overwrite: remove the previous run's own files in begin_output
@@ -3060,10 +3280,41 @@ class OutputDir:
     lock_fd: int
 
 
+def prepare_output_dir(cfg: Config) -> OutputDir:
+    """Lock output_dir and decide what happens to it: resume a checkpoint, replace a run (overwrite=true) or
+    start afresh. Changes nothing yet: a run is never replaced silently, nor before the new one has loaded."""
+    out = Path(cfg.output_dir)
+    fd, created = lock_output_dir(out, cfg)
+    try:
+        recover_checkpoint_rewrite(out / "checkpoints")  # restores our own folder; deletes nothing
+        holds = held_run(out)
+        if cfg.num_problems == 0 and set(holds) - {"eval.jsonl"}:
+            raise UserError(f"output_dir {out} holds a training run; evaluation only (num_problems=0) writes to a "
+                            "folder of its own: pass another output_dir, e.g. output_dir=runs/eval")
+        ckpt = find_resume_checkpoint(cfg, out, holds) if cfg.num_problems else None
+        if cfg.num_problems == 0 and holds and not cfg.overwrite:
+            raise UserError(f"output_dir {out} already holds an evaluation; choose another output_dir or pass "
+                            "overwrite=true")
+        if ckpt is None and holds and not (cfg.overwrite or cfg.resume == "auto"):
+            raise UserError(f"output_dir {out} already holds a run ({', '.join(holds)}); resume it with "
+                            "resume=auto, choose another output_dir, or pass overwrite=true")
+        if not own_run_config(out):
+            raise UserError(f"output_dir {out} holds a {RUN_CONFIG} that rlvr did not write (rlvr writes its settings "
+                            "there); move it away or choose another output_dir")
+        replace = bool(holds) and (ckpt is None or ckpt.resolve().parent != (out / "checkpoints").resolve())
+        if replace and (foreign := foreign_files(out)):
+            raise UserError(f"output_dir {out} holds files rlvr did not write where a run writes ({foreign[0]}"
+                            f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); move them away or "
+                            "choose another output_dir")
+    except BaseException:
+        release_output_dir(OutputDir(out, None, False, created, fd))
+        raise
+    return OutputDir(out, ckpt, replace, created, fd)
+
+
 def lock_output_dir(out: Path, cfg: Config | None = None) -> tuple[int, bool]:
     """An exclusive lock on output_dir, released by the OS when the process ends however it ends."""
     import fcntl
-
     if out.exists() and not out.is_dir():
         raise UserError(f"output_dir {out} is a file; choose a folder path for output_dir")
     made = [p for p in (out, *out.parents) if not p.exists()]  # the folders mkdir makes, deepest first
@@ -3073,8 +3324,7 @@ def lock_output_dir(out: Path, cfg: Config | None = None) -> tuple[int, bool]:
         fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         undo_lock(out, None, made, made_lock)
-        raise UserError(no_room_message(out, cfg) if full_disk(e) else
-                        f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir") from None
+        raise unwritable(out, cfg, e) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -3090,8 +3340,7 @@ def lock_output_dir(out: Path, cfg: Config | None = None) -> tuple[int, bool]:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except OSError as e:  # a full disk (or quota) at the very start: nothing may stay behind
         undo_lock(out, fd, made, made_lock)
-        raise UserError(no_room_message(out, cfg) if full_disk(e) else
-                        f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir") from None
+        raise unwritable(out, cfg, e) from None
     return fd, created
 
 
@@ -3102,10 +3351,10 @@ def same_file(fd: int, path: Path) -> bool:
         return False
 
 
-def full_disk(e: OSError) -> bool:
-    import errno
-
-    return e.errno in (errno.ENOSPC, errno.EDQUOT)
+def unwritable(out: Path, cfg: Config | None, e: OSError) -> UserError:
+    """The error for an output_dir that cannot be written; a full disk (or quota) says what a run needs."""
+    return UserError(no_room_message(out, cfg) if e.errno in (errno.ENOSPC, errno.EDQUOT) else
+                     f"output_dir {out} cannot be written ({e.strerror or e}); choose another output_dir")
 
 
 def human_bytes(n: float) -> str:
@@ -3147,44 +3396,9 @@ def undo_lock(out: Path, fd: int | None, made: list[Path], made_lock: bool) -> N
             break
 
 
-def prepare_output_dir(cfg: Config) -> OutputDir:
-    """Lock output_dir and decide what happens to it: resume a checkpoint, replace a run
-    (overwrite=true), or start in a folder that holds none. Changes nothing yet: an existing run
-    is never replaced silently, and never before everything the new run needs has loaded."""
-    out = Path(cfg.output_dir)
-    fd, created = lock_output_dir(out, cfg)
-    try:
-        recover_checkpoint_rewrite(out / "checkpoints")  # restores our own folder; deletes nothing
-        holds = held_run(out)
-        if cfg.num_problems == 0 and set(holds) - {"eval.jsonl"}:
-            raise UserError(f"output_dir {out} holds a training run; evaluation only (num_problems=0) writes to a "
-                            "folder of its own: pass another output_dir, e.g. output_dir=runs/eval")
-        ckpt = find_resume_checkpoint(cfg, out, holds) if cfg.num_problems else None
-        if cfg.num_problems == 0 and holds and not cfg.overwrite:
-            raise UserError(f"output_dir {out} already holds an evaluation; choose another output_dir or pass "
-                            "overwrite=true")
-        if ckpt is None and holds and not (cfg.overwrite or cfg.resume == "auto"):
-            raise UserError(f"output_dir {out} already holds a run ({', '.join(holds)}); resume it with "
-                            "resume=auto, choose another output_dir, or pass overwrite=true")
-        if not own_run_config(out):
-            raise UserError(f"output_dir {out} holds a {RUN_CONFIG} that rlvr did not write (rlvr writes its settings "
-                            "there); move it away or choose another output_dir")
-        replace = bool(holds) and (ckpt is None or ckpt.resolve().parent != (out / "checkpoints").resolve())
-        foreign = foreign_files(out) if replace else []
-        if foreign:
-            raise UserError(f"output_dir {out} holds files rlvr did not write where a run writes ({foreign[0]}"
-                            f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); move them away or "
-                            "choose another output_dir")
-    except BaseException:
-        release_output_dir(OutputDir(out, None, False, created, fd))
-        raise
-    return OutputDir(out, ckpt, replace, created, fd)
-
-
 def begin_output(od: OutputDir, cfg: Config) -> None:
-    """Everything has loaded: now replace the previous run's own files (overwrite=true), recover or
-    remove the leftovers of an interrupted checkpoint write, and start (or restore) the logs.
-    Rank 0's folder: other ranks write nothing."""
+    """Everything has loaded: now remove the leftovers of interrupted checkpoint writes and the previous
+    run's own files (overwrite=true), and start (or restore) the logs. Rank 0 alone writes."""
     if process_rank() != 0:
         return
     out, root = od.path, od.path / "checkpoints"
@@ -3196,14 +3410,12 @@ def begin_output(od: OutputDir, cfg: Config) -> None:
         for folder in [*list_checkpoints(out), out / "final"]:
             if folder.is_dir() and read_manifest(folder) is not None:
                 remove_own_files(folder)
-    if cfg.num_problems == 0:  # evaluation only: no training outputs
-        pass
-    elif od.resume_from is None:
+    if cfg.num_problems and od.resume_from is None:  # evaluation only (num_problems=0): no training outputs
         for name in LOG_FILES:
             (out / name).write_text("")
         for name in EVAL_FILES:
             (out / name).unlink(missing_ok=True)
-    else:  # the logs as the checkpoint has them: drops any step or evaluation logged after it
+    elif cfg.num_problems:  # the logs as the checkpoint has them: drops any step or evaluation logged after it
         for name in (*LOG_FILES, "eval.jsonl"):
             if (od.resume_from / name).exists():
                 shutil.copyfile(od.resume_from / name, out / name)
@@ -3241,17 +3453,149 @@ def resume_command(argv: list[str]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Several processes (torchrun)
-#
-# `torchrun --nproc_per_node N train_rlvr.py` starts N copies of this script (one per GPU, or CPU
-# processes with device=cpu), joined by torch.distributed: NCCL on CUDA, gloo on the CPU. The step
-# stays the spec's: rank r samples, scores and backpropagates rollouts r*G/N .. (r+1)*G/N - 1 of the
-# group (each from its own random stream, so the tokens do not depend on N); the rewards are
-# exchanged so every rank standardizes the whole group; each response's term keeps the -1/G
-# factor, and the gradients are summed across ranks (replicate: an all-reduce; fsdp: FSDP2's
-# reduce-scatter, set to sum), so the step is the one-process step up to float summation order.
-# Every rank clips and steps alike. Rank 0 alone prints and writes. `python train_rlvr.py` is one
-# process: RANKS keeps its defaults and none of the collectives below runs.
+# Faults and signals
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; raised at the next safe point of a step."""
+
+
+class StopRun(Exception):
+    """Why the run stops early, with its exit status (1 unless a signal); stop_run saves and says how to resume."""
+
+    def __init__(self, reason: str, code: int = 1):
+        super().__init__(reason)
+        self.code = code
+
+
+STOP = {"signal": None}  # set by the signal handler, read at safe points
+
+
+def stop_run(e: Interrupted | StopRun, t: Trainer, s: RunState) -> int:
+    """Every early stop ends here (a signal, a fault, too many bad steps, an unwritable checkpoint): write
+    the last completed step's checkpoint if missing, say what is kept, print the resume command once."""
+    reason, code = ((f"stopped by {signal.Signals(STOP['signal']).name} during step {s.step}", stop_code())
+                    if isinstance(e, Interrupted) else (str(e), e.code))
+    if len(s.history) > s.last_saved and not reason.startswith("no space left"):
+        try:
+            write_checkpoint(len(s.history), t, s)
+        except StopRun as failed:
+            reason = f"{reason}; {failed}"
+    done, saved = len(s.history), s.last_saved
+    if saved == done and done:
+        kept = f"checkpoint of step {saved} in {s.out / 'checkpoints'}"
+    elif saved:
+        kept = (f"the last checkpoint is step {saved}; metrics.jsonl and rollouts.jsonl keep steps 1-{done}, and "
+                f"resuming redoes steps {saved + 1}-{done} with the same random streams")
+    else:
+        kept = "no checkpoint was written" if done else "no step completed"
+    progress(f"{reason}; {kept}. To continue: {resume_command(s.argv)}")
+    return code
+
+
+def stop_code() -> int:
+    """The exit status of a run stopped by a signal (128 + its number) or by anything else (1)."""
+    return 1 if STOP["signal"] is None else 128 + STOP["signal"]
+
+
+def check_stop(local: bool = False, failure: str | None = None) -> None:
+    """A safe point: nothing of the current step has touched the weights or the optimizer yet. Raises
+    Interrupted after SIGINT/SIGTERM, StopRun(failure) if this step failed (out of memory, unusable scores).
+    Several processes stop together or not at all: every rank tells (a collective) whether a signal reached
+    it or its share failed. Points that ranks reach a different number of times (decode steps, evaluation
+    batches) check this rank alone (local); an interrupt there waits for the end of its phase (agreed)."""
+    signum = STOP["signal"] or 0
+    if local or RANKS.world == 1:
+        if failure:
+            raise StopRun(failure)
+        if signum:
+            raise Interrupted()
+        return
+    code = int(max_over_ranks(signum + (1000 if failure else 0)))
+    if code >= 1000:
+        failed = [(r, m) for r, m in enumerate(gather_objects(failure)) if m]
+        raise StopRun(f"rank {failed[0][0]}: {failed[0][1]}")
+    if code:
+        STOP["signal"] = code  # also on a rank the signal did not reach: every rank exits alike
+        raise Interrupted()
+
+
+@contextmanager
+def agreed(phase: str, step: int | None, **facts):
+    """A phase that every rank runs. A fault inside it (CUDA out of memory, unusable scores, a signal at
+    a local safe point) becomes its message (fault_message); at its end the ranks learn whether any failed
+    or was signalled, and stop together (check_stop). One process: at once."""
+    where = f"step {step}: {phase}" if step is not None else f"the {phase} evaluation"
+    note(where)
+    failure = None
+    try:
+        yield
+    except (torch.OutOfMemoryError, NonFiniteScores) as e:
+        failure = fault_message(e, phase, step, **facts)
+    except Interrupted:
+        if RANKS.world == 1:
+            raise
+    note(f"{where}, done: waiting for the other ranks")  # a rank that never gets here is the one that hangs
+    check_stop(failure=failure)
+
+
+def fault_message(error: Exception, phase: str, step: int | None, cfg: Config, prompt_tokens: int = 0,
+                  rollouts: int = 0, longest: int = 0) -> str:
+    """What the user reads when a phase cannot go on: every fault's message, in one place."""
+    if isinstance(error, NonFiniteScores):
+        where = f"step {step}" if step is not None else f"the {phase} evaluation"
+        return (f"{where}: {error}; the weights no longer give finite scores (lower learning_rate; "
+                "the checkpoint holds the last completed step)")
+    if phase == "generation":
+        return (f"CUDA out of memory at step {step} while generating {rollouts} rollouts of up to "
+                f"{cfg.max_new_tokens} tokens after a {prompt_tokens}-token prompt; lower max_new_tokens "
+                "or group_size, or set precision: bf16")
+    if phase == "backward":
+        return (f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
+                f"tokens after a {prompt_tokens}-token prompt; lower max_new_tokens, set "
+                "logprob_batch_size: 1 or precision: bf16")
+    return (f"CUDA out of memory in the {phase} evaluation ({cfg.eval_batch_size} problems x {cfg.eval_samples} "
+            f"responses of up to {cfg.eval_max_new_tokens} tokens); lower eval_batch_size or eval_max_new_tokens")
+
+
+def agreed_signal() -> int:
+    """The signal that stops the run now, if any: this process's, or (several processes) any rank's."""
+    signum = int(max_over_ranks(STOP["signal"] or 0))
+    if signum:
+        STOP["signal"] = signum
+    return signum
+
+
+@contextmanager
+def signals_caught():
+    """Inside: SIGINT and SIGTERM are noted in STOP for the next safe point (check_stop); then the old handlers."""
+    def handler(signum, frame):
+        if STOP["signal"] is not None:
+            if RANKS.world > 1:  # torchrun passes the terminal's Ctrl-C on again: the ranks stop together
+                return
+            os._exit(128 + signum)  # second signal: at once; checkpoints are renamed into place whole
+        STOP["signal"] = signum
+        again = "" if RANKS.world > 1 else " (send it again to exit at once)"
+        if process_rank() == 0:  # os.write, not print: a handler may run in the middle of another write
+            os.write(2, f"\n{signal.Signals(signum).name}: stopping at the next safe point{again}\n".encode())
+    STOP["signal"] = None
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes (torchrun)
+
+# `torchrun --nproc_per_node N train_rlvr.py` starts N copies of this script (one per GPU, or CPU processes with
+# device=cpu), joined by torch.distributed (NCCL on CUDA, gloo on the CPU). The step stays the spec's: rank r samples,
+# scores and backpropagates rollouts r*G/N .. (r+1)*G/N - 1 of the group, each from its own random stream (the tokens do
+# not depend on N); the rewards are exchanged so every rank standardizes the whole group; each term keeps its -1/G
+# factor and the gradients are summed across ranks (replicate: an all-reduce; fsdp: FSDP2's reduce-scatter, set to sum):
+# the one-process step up to float summation order. Every rank clips and steps alike; rank 0 alone prints and writes.
+# `python train_rlvr.py` is one process: RANKS keeps its defaults, no collective runs.
 
 @dataclass
 class Ranks:
@@ -3259,10 +3603,13 @@ class Ranks:
     world: int = 1
     sharding: str = "none"  # none (one process), replicate or fsdp
     device: str = "cpu"     # where collectives' tensors live (NCCL: the GPU)
+    resume_hint: str = ""   # what a rank that loses contact with the others says about resuming
+    # the watchdog and main threads share the store's client; watchdog_off: a clean end, the store goes away
+    store_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    watchdog_off: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
 RANKS = Ranks()              # this process's place, set once by init_processes
-STOP_HINT = {"text": ""}     # what a rank that loses contact with the others says about resuming
 
 
 def launched_world() -> int:
@@ -3290,10 +3637,6 @@ def init_processes(cfg: Config, device: torch.device) -> None:
         if cfg.sharding == "fsdp":
             progress("sharding=fsdp shards across the processes of torchrun; one process holds the whole model")
         return
-    import datetime
-
-    import torch.distributed as dist
-
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)  # object collectives on NCCL use the current device
@@ -3306,11 +3649,9 @@ def init_processes(cfg: Config, device: torch.device) -> None:
 
 def end_processes(cleanly: bool) -> None:
     if RANKS.world > 1 and cleanly:
-        import torch.distributed as dist
-
         dist.barrier()
-        with STORE_LOCK:  # the watchdog stops first and never calls a store being torn down
-            WATCHDOG_OFF.set()
+        with RANKS.store_lock:  # the watchdog stops first and never calls a store being torn down
+            RANKS.watchdog_off.set()
             dist.destroy_process_group()
 
 
@@ -3324,8 +3665,6 @@ def gather_objects(obj) -> list:
     """obj from every rank, in rank order (one process: [obj])."""
     if RANKS.world == 1:
         return [obj]
-    import torch.distributed as dist
-
     out = [None] * RANKS.world
     dist.all_gather_object(out, obj)
     return out
@@ -3335,31 +3674,23 @@ def from_rank0(obj):
     """Rank 0's obj on every rank (one process: obj)."""
     if RANKS.world == 1:
         return obj
-    import torch.distributed as dist
-
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
-def max_over_ranks(x: float) -> float:
-    if RANKS.world == 1:
-        return x
-    import torch.distributed as dist
+def _over_ranks(op: str):
+    """A function of x: x reduced over the ranks by ReduceOp `op` (in float64; one process: x)."""
+    def reduce(x: float) -> float:
+        if RANKS.world == 1:
+            return x
+        t = torch.tensor([float(x)], dtype=torch.float64, device=RANKS.device)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        return float(t.item())
+    return reduce
 
-    t = torch.tensor([float(x)], dtype=torch.float64, device=RANKS.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
-
-def sum_over_ranks(x: float) -> float:
-    if RANKS.world == 1:
-        return x
-    import torch.distributed as dist
-
-    t = torch.tensor([x], dtype=torch.float64, device=RANKS.device)
-    dist.all_reduce(t)
-    return float(t.item())
+max_over_ranks, sum_over_ranks = _over_ranks("MAX"), _over_ranks("SUM")
 
 
 class SharedError(UserError):
@@ -3367,8 +3698,7 @@ class SharedError(UserError):
 
 
 def on_rank0(fn, *args):
-    """fn(*args) on rank 0 alone (the output folder is rank 0's); its result, or its UserError,
-    on every rank."""
+    """fn(*args) on rank 0 alone (the output folder is rank 0's); its result, or its UserError, on every rank."""
     result, error = None, None
     if process_rank() == 0:
         try:
@@ -3382,11 +3712,8 @@ def on_rank0(fn, *args):
 
 
 def sum_gradients(params) -> None:
-    """replicate: every rank backpropagated its own responses; sum the gradients (fsdp's
-    reduce-scatter already summed them into each rank's shard)."""
+    """replicate: sum the gradients of each rank's own responses (fsdp's reduce-scatter already summed them)."""
     if RANKS.sharding == "replicate":
-        import torch.distributed as dist
-
         for p in params:
             dist.all_reduce(p.grad)
 
@@ -3403,7 +3730,6 @@ def shard_model(model, device: torch.device):
         return model.to(device)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-
     mesh = init_device_mesh(device.type, (RANKS.world,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
@@ -3416,14 +3742,13 @@ def shard_model(model, device: torch.device):
 
 def fsdp_modules(model) -> list:
     from torch.distributed.fsdp import FSDPModule
-
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
 @contextmanager
 def full_weights(model):
-    """fsdp: every layer's full weights gathered for a generation (one all-gather per layer, not
-    one per layer per token) and sharded again right after. Otherwise nothing to do."""
+    """fsdp: every layer's full weights gathered for a generation (one all-gather per layer, not one per
+    layer per token), sharded again after it."""
     modules = fsdp_modules(model) if RANKS.sharding == "fsdp" else []
     for m in modules:
         m.unshard()
@@ -3456,30 +3781,23 @@ def check_replicas(params) -> None:
                           "run the same code on the same hardware type); nothing was written")
 
 
-STORE_LOCK = threading.Lock()  # the watchdog thread and the main thread share the store's client
-WATCHDOG_OFF = threading.Event()  # set by end_processes: the run ended cleanly, the store goes away
-
-
 def _store():
-    import torch.distributed as dist
-
     return dist.distributed_c10d._get_default_store()
 
 
 def store_get(key: str) -> bytes | None:
-    with STORE_LOCK:
+    with RANKS.store_lock:
         store = _store()
         return store.get(key) if store.check([key]) else None
 
 
 def store_set(key: str, value: str) -> None:
-    with STORE_LOCK:
+    with RANKS.store_lock:
         _store().set(key, value)
 
 
 def note(where: str) -> None:
-    """What this rank is doing now, kept in the process group's store: a rank that waits for it in
-    vain names it in its message."""
+    """What this rank is doing now, kept in the store: a rank that waits for it in vain names it."""
     if RANKS.world > 1:
         store_set(f"rlvr/at/{RANKS.rank}", where)
 
@@ -3493,10 +3811,8 @@ def whereabouts() -> str:
     gone = [r for r, (a, b) in enumerate(zip(first, beats())) if a == b and r != RANKS.rank]
     at = [(store_get(f"rlvr/at/{r}") or b"start-up").decode() for r in range(RANKS.world)]
     behind = [r for r in range(RANKS.world) if at[r] != at[RANKS.rank]]
-    if gone:
-        who = f"rank {', '.join(map(str, gone))} stopped (no heartbeat)"
-    else:
-        who = f"every rank still beats: rank {', '.join(map(str, behind)) or '?'} hangs"
+    who = (f"rank {', '.join(map(str, gone))} stopped (no heartbeat)" if gone
+           else f"every rank still beats: rank {', '.join(map(str, behind)) or '?'} hangs")
     return f"{who}; " + "; ".join(f"rank {r} at {where}" for r, where in enumerate(at))
 
 
@@ -3507,24 +3823,23 @@ def lost_contact(message: str) -> None:
         message += f": {whereabouts()}"
     except Exception:  # the store itself is gone (the launcher or rank 0's machine)
         pass
-    os.write(2, f"rank {RANKS.rank}: {message}; stopping. {STOP_HINT['text']}\n".encode())
+    os.write(2, f"rank {RANKS.rank}: {message}; stopping. {RANKS.resume_hint}\n".encode())
     os._exit(1)
 
 
 def start_watchdog(silence: float) -> None:
-    """A heartbeat per rank in the store, and a thread that watches the others': a rank silent for
-    `silence` seconds has died (SIGKILL, a lost machine) or is stuck holding the interpreter. A rank
-    that sleeps while others wait is caught by the collective timeout (dist_timeout) instead.
-    Kept beside torchrun's agent (which ends the other workers when one exits): measured without
-    it on the CPU, a rank that hangs outlives the run by the agent's 30 s kill grace (49 s to the
-    end instead of 20 s, dist_timeout 4), and where no worker exits (a lost machine) only
+    """A heartbeat per rank in the store, and a thread that watches the others': a rank silent for `silence`
+    seconds died (SIGKILL, a lost machine) or is stuck holding the interpreter (one that sleeps while others
+    wait meets the collective timeout, dist_timeout). Beside torchrun's agent, which ends the other workers
+    when one exits: measured without it on the CPU, a hung rank outlived the run by the agent's 30 s kill
+    grace (49 s to the end, not 20 s, dist_timeout 4); with no worker exiting (a lost machine) only
     dist_timeout (default 1800 s) would end the run, not `silence` (30 s)."""
     me = RANKS.rank
 
     def watch():
         seen = {r: (None, time.monotonic()) for r in range(RANKS.world) if r != me}
         beat = 0
-        while not WATCHDOG_OFF.is_set():
+        while not RANKS.watchdog_off.is_set():
             beat += 1
             try:
                 store_set(f"rlvr/beat/{me}", str(beat))
@@ -3536,7 +3851,7 @@ def start_watchdog(silence: float) -> None:
                         lost_contact(f"rank {r} stopped responding (no heartbeat for {silence:.0f} s: it died, or "
                                      "hangs holding the interpreter)")
             except Exception as e:
-                if WATCHDOG_OFF.is_set():  # the store was torn down between the check and the call
+                if RANKS.watchdog_off.is_set():  # the store was torn down between the check and the call
                     return
                 lost_contact(f"lost the process group's store ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
             time.sleep(1.0)
@@ -3545,368 +3860,7 @@ def start_watchdog(silence: float) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# main: the step and the loop
-#
-# train_step is the spec's step, one call per move; each move's function exchanges with the other
-# processes what it needs (their shares of the group) itself. A fault is raised where it happens
-# (agreed turns it into its message, fault_message); run's loop ends every early stop in stop_run.
-
-@dataclass
-class Trainer:
-    """What every step uses: the settings, the model and its optimizer, the verifier, and buffers
-    reused from step to step (the weights and AdamW state before the optimizer step)."""
-    cfg: Config
-    model: torch.nn.Module
-    tokenizer: object
-    params: list
-    optimizer: torch.optim.Optimizer
-    device: torch.device
-    precision: str
-    eos_id: int
-    weights_before: list
-    state_before: dict = dataclasses.field(default_factory=dict)
-    scorer: verifier.TimedVerifier | None = None  # started with the loop
-    reference: torch.nn.Module | None = None  # kl_coef > 0: the frozen starting weights (load_reference)
-
-
-@dataclass
-class Group:
-    """The whole group's rollouts, in rollout order (gathered from every rank)."""
-    texts: list[str]
-    scored: list[tuple]  # (reward, extracted answer, status) per rollout
-    tokens: list[int]
-    cut: list[bool]
-    rewards: torch.Tensor
-
-
-def train_step(step: int, candidates: list[dict], draw: int, t: Trainer) -> tuple[dict, list[dict]]:
-    """One problem, one AdamW step: sample the group, score it, standardize the rewards within it,
-    backpropagate the policy loss one response at a time, clip and step, report. The spec's step is
-    candidates = [its problem], draw = step, ppo_epochs = 1 (variants: draw_group, docs/variants.md)."""
-    clock = Stopwatch(t.device)
-    problem, prompt_ids, responses, group, set_aside = draw_group(step, candidates, draw, t, clock)
-    advantages = compute_advantages(group.rewards, t.cfg.std_eps, t.cfg.advantage_std)
-    epochs, first_pass, seq_log_probs = [], None, None
-    for epoch in range(1, t.cfg.ppo_epochs + 1):  # the spec: one
-        loss, seq_lps, measured, log_probs = backpropagate_group(step, prompt_ids, responses, advantages,
-                                                                 group.tokens, t, first_pass)
-        clock.lap("logprob_backward")
-        grad_norm, moved = step_or_skip(advantages, loss, t)
-        clock.lap("optimizer")
-        epochs.append(dict(epoch=epoch, policy_loss=loss, grad_norm=grad_norm, update_norm=moved, **measured))
-        if epoch == 1:
-            first_pass, seq_log_probs = log_probs, seq_lps
-        if moved is None:  # undone (non-finite): the group takes no further epoch
-            break
-    changes = token_changes(prompt_ids, responses, advantages, first_pass, epochs, t)
-    return step_report(step, problem, t.cfg, group, advantages, seq_log_probs, epochs, clock, set_aside, changes)
-
-
-def draw_group(step: int, candidates: list[dict], draw: int, t: Trainer, clock):
-    """sample_group and score_group for the step's problem (candidates[0]; `draw` numbers it, and
-    keys its random streams). zero_variance=resample (DAPO's dynamic sampling): a group whose
-    rewards are all equal is set aside and the next candidate drawn, until a group has reward
-    variance or the candidates (resample_limit at most: run_candidates) are used up; the last one
-    drawn is trained on either way. Returns the problem, its prompt ids, this rank's responses, the
-    group and the (problem, group) pairs set aside."""
-    set_aside = []
-    for k, problem in enumerate(candidates):
-        prompt_ids = torch.tensor(problem["prompt_ids"], device=t.device)  # tokenized once, by check_problems
-        responses, cut = sample_group(step, draw + k, problem, prompt_ids, t)  # this rank's share (one process: all)
-        clock.lap("generation")
-        group = score_group(step, responses, cut, problem["answer"], t)
-        clock.lap("rewards")
-        if k == len(candidates) - 1 or not bool((group.rewards == group.rewards[0]).all()):
-            return problem, prompt_ids, responses, group, set_aside
-        progress(f"[step {step}] zero-variance group of problem {problem['index']} set aside; drawing the next")
-        set_aside.append((problem, group))
-
-
-def sample_group(step: int, draw: int, problem: dict, prompt_ids: torch.Tensor, t: Trainer):
-    """This rank's rollouts of the group (rank_share; one process: all of them), each drawn from
-    its own random stream (keyed by the draw: the step, without resampling), so the tokens do not
-    depend on the number of processes."""
-    mine = rank_share(t.cfg.group_size)
-    progress(f"[step {step}] generating {t.cfg.group_size} rollouts (problem {problem['index']})")
-    with agreed("generation", step, rollouts=len(mine), prompt_tokens=len(prompt_ids), cfg=t.cfg), \
-            full_weights(t.model):
-        return generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id,
-                                 rollout_streams(t.cfg.seed, draw, mine, t.device), autocast(t.device, t.precision))
-
-
-def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answer: str, t: Trainer) -> Group:
-    """Score this rank's rollouts with the verifier; every rank receives the whole group (the
-    advantages standardize over all of it)."""
-    note(f"step {step}: rewards")
-    texts = [t.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
-    scored = score_rollouts(t.scorer, texts, answer)
-    group = [x for share in gather_objects((texts, scored, [len(r) for r in responses], cut)) for x in zip(*share)]
-    texts, scored, tokens, cut = map(list, zip(*group))
-    rewards = torch.tensor([s[0] + format_bonus(s[2], c, t.cfg.format_reward) for s, c in zip(scored, cut)],
-                           dtype=torch.float32)
-    check_stop()  # safe point for SIGINT/SIGTERM
-    progress(f"[step {step}] rewards {rewards.tolist()}; backward")
-    return Group(texts, scored, tokens, cut, rewards)
-
-
-def format_bonus(status: str, was_cut: bool, weight: float) -> float:
-    """format_reward: weight w for a response that ends with EOS (not cut at the limit) and holds a
-    final \\boxed{} answer the verifier could read (status correct or wrong, not no_answer), as the
-    prompt asks; 0 otherwise. The verifier's reward, and so the correct count, stays its own."""
-    return weight if weight and status in ("correct", "wrong") and not was_cut else 0.0
-
-
-def loss_terms(t: Trainer, first_pass: list | None) -> LossTerms | None:
-    """The variants' additions to the spec's per-response term (response_loss), or None: the spec's
-    policy_loss alone (kl_coef 0, the first epoch, no token report)."""
-    if not (t.cfg.kl_coef or first_pass is not None or t.cfg.ppo_epochs > 1 or t.cfg.token_report):
-        return None
-    return LossTerms(t.reference, t.cfg.kl_coef, first_pass, t.cfg.clip_eps)
-
-
-def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor],
-                        advantages: torch.Tensor, lengths: list[int], t: Trainer, first_pass: list | None = None):
-    """accumulate_policy_gradient over this rank's responses, one at a time; the gradients summed
-    across ranks, so every rank holds the whole group's. lengths are the whole group's L_i (for
-    loss_aggregation). first_pass: a later epoch of ppo_epochs (the first pass's token log-probs).
-    Returns the group's policy loss, its sequence log-probabilities (Nones in a zero-variance
-    group), what the variants measured (the kl per token, the clipped fraction: only those on) and
-    this rank's token log-probabilities (with a variant on)."""
-    mine = rank_share(t.cfg.group_size)
-    divisors = loss_divisors(t.cfg.loss_aggregation, lengths, t.cfg.max_new_tokens)[mine.start:mine.stop]
-    terms = loss_terms(t, first_pass)
-    with agreed("backward", step, longest=max(len(r) for r in responses), prompt_tokens=len(prompt_ids), cfg=t.cfg):
-        loss, seq_log_probs = accumulate_policy_gradient(
-            t.model, t.params, prompt_ids, responses, advantages[mine.start:mine.stop].to(t.device),
-            t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size, divisors, terms)
-    if not bool((advantages == 0).all()) or t.cfg.kl_coef:
-        sum_gradients(t.params)
-    shares = gather_objects((loss, seq_log_probs, pass_sums(terms)))
-    note(f"step {step}: optimizer step")
-    check_stop()  # the last safe point: nothing of this step has touched the weights or AdamW yet
-    measured = {}
-    if t.cfg.kl_coef:
-        measured["kl"] = sum(share[2][0] for share in shares) / sum(lengths)  # the mean k3 per token
-    if t.cfg.ppo_epochs > 1:
-        measured["clipped_fraction"] = sum(share[2][1] for share in shares) / sum(lengths)
-    return (sum(share[0] for share in shares), [x for share in shares for x in share[1]], measured,
-            terms.token_log_probs if terms is not None else None)
-
-
-def pass_sums(terms: LossTerms | None) -> tuple[float, float]:
-    """This rank's sum of k3 over its tokens and its count of clipped tokens (one host sync)."""
-    if terms is None:
-        return 0.0, 0.0
-    zero = torch.zeros((), device=terms.token_log_probs[0].device if terms.token_log_probs else "cpu")
-    kl = torch.stack(terms.kl).sum() if terms.kl else zero
-    held = torch.stack(terms.held).sum().to(kl.dtype) if terms.held else zero
-    return tuple(torch.stack([kl.to(zero.device), held.to(zero.device)]).tolist())
-
-
-def step_or_skip(advantages: torch.Tensor, loss: float, t: Trainer) -> tuple[float, float | None]:
-    """optimizer_step, the spec's: a zero-variance group too takes its AdamW step, with a zero
-    gradient (momentum and weight decay still move the weights). zero_variance=skip takes none for
-    such a group: weights, AdamW moments and step count stay as they are; grad norm and update norm 0."""
-    if t.cfg.zero_variance == "skip" and bool((advantages == 0).all()):
-        return 0.0, 0.0
-    return optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.weights_before, t.state_before)
-
-
-def token_changes(prompt_ids, responses, advantages, before: list | None, epochs: list[dict],
-                  t: Trainer) -> list[dict] | None:
-    """token_report, for a step with reward variance whose update was taken: every response token's
-    log-probability before the step (the first pass's) and after it (one more forward per response),
-    the whole group's (gathered; rank 0 writes them to tokens.jsonl)."""
-    if not t.cfg.token_report or bool((advantages == 0).all()) or epochs[-1]["update_norm"] is None:
-        return None
-    amp = autocast(t.device, t.precision)
-    with torch.no_grad():
-        after = [token_log_probs(t.model, prompt_ids, r, amp) for r in responses]
-    mine = [(r.tolist(), b.tolist(), a.tolist()) for r, b, a in zip(responses, before, after)]
-    group = [x for share in gather_objects(mine) for x in share]
-    return [{"token_ids": ids, "tokens": [t.tokenizer.decode([i]) for i in ids], "before": b, "after": a}
-            for ids, b, a in group]
-
-
-def step_report(step, problem, cfg, group: Group, advantages, seq_log_probs, epochs: list[dict], clock,
-                set_aside: list = (), changes: list[dict] | None = None) -> tuple[dict, list[dict]]:
-    """The step's metrics (one table row, metrics.jsonl) and its rollouts (rollouts.jsonl). The
-    metrics' loss and norms are the first epoch's (the spec's step); with ppo_epochs > 1 every
-    epoch's are under "epochs". Groups set aside (zero_variance=resample) come first in rollouts."""
-    first, figures = epochs[0], group_figures(cfg, group, advantages)
-    metrics = {
-        "step": step,
-        "problem_index": problem["index"],
-        **{k: figures.pop(k) for k in ("group_size", "correct", "reward_mean", "reward_std", "response_tokens")},
-        "policy_loss": first["policy_loss"],
-        "grad_norm": first["grad_norm"],
-        "update_norm": first["update_norm"],
-        "skipped": any(e["update_norm"] is None for e in epochs),
-        "seconds": clock.total(),
-        **figures,
-    }
-    metrics.update({k: first[k] for k in ("kl", "clipped_fraction") if k in first})
-    if cfg.ppo_epochs > 1:
-        metrics["epochs"] = epochs
-    if cfg.zero_variance == "resample":
-        metrics["problems_drawn"] = len(set_aside) + 1
-        metrics["set_aside"] = [dict(problem_index=p["index"], **group_figures(cfg, g, torch.zeros(len(g.texts))))
-                                for p, g in set_aside]
-    metrics["timings"] = clock.timings
-    rollouts = [r for p, g in set_aside for r in group_rollouts(step, p, cfg, g, torch.zeros(len(g.texts)),
-                                                              [None] * len(g.texts), set_aside=True)]
-    rollouts += group_rollouts(step, problem, cfg, group, advantages, seq_log_probs, changes=changes)
-    return metrics, rollouts
-
-
-def group_figures(cfg, group: Group, advantages) -> dict:
-    statuses = [s[2] for s in group.scored]
-    return {
-        "group_size": cfg.group_size,
-        "correct": sum(s[0] == 1 for s in group.scored),  # the verifier's, without format_reward
-        "reward_mean": float(group.rewards.mean()),
-        "reward_std": float(group.rewards.std(unbiased=True)) if bool(advantages.any()) else 0.0,  # 8 x 0.1: 0
-        "response_tokens": sum(group.tokens),
-        "cut_at_limit": sum(group.cut),
-        "no_answer": statuses.count("no_answer"),
-        "verifier_timeouts": statuses.count("timeout"),
-        "verifier_crashes": statuses.count("crash"),
-    }
-
-
-def group_rollouts(step, problem, cfg, group: Group, advantages, seq_log_probs, set_aside: bool = False,
-                   changes: list[dict] | None = None) -> list[dict]:
-    rollouts = [{
-        "step": step,
-        "problem_index": problem["index"],
-        "rollout": i,
-        "response": group.texts[i],
-        "answer": group.scored[i][1],
-        "status": group.scored[i][2],
-        "reward": float(group.rewards[i]),  # the verifier's, plus format_reward's bonus when that is on
-        "advantage": float(advantages[i]),
-        "tokens": group.tokens[i],
-        "cut_at_limit": group.cut[i],
-        "sequence_log_prob": seq_log_probs[i],
-    } for i in range(cfg.group_size)]
-    if set_aside:
-        for r in rollouts:
-            r["set_aside"] = True
-    for r, c in zip(rollouts, changes or []):
-        r["token_changes"] = c  # token_report: log_step moves them to tokens.jsonl
-    return rollouts
-
-
-class Stopwatch:
-    """A step's phase timings. On CUDA each lap waits for the GPU, so a phase is charged its own kernels."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.timings = device, {}
-        self.start = self.last = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        # a phase met again (a resampled group, another epoch) adds up
-        self.timings[phase], self.last = self.timings.get(phase, 0.0) + (now - self.last), now
-
-    def total(self) -> float:
-        self.timings["step"] = self.last - self.start
-        return self.timings["step"]
-
-
-def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    if missing_local_path(cfg.model):
-        raise UserError(f"model {cfg.model}: no such folder ({missing_local_path(cfg.model)}); set model: to a "
-                        "local model folder or a hub id")
-    # no network: asked once, up front; then only the local hub cache is read (the hub client would retry ~50 s)
-    offline = None if Path(cfg.model).expanduser().exists() else network_problem("https://huggingface.co")
-    local = {"local_files_only": True} if offline else {}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model, revision=cfg.revision, **local)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, dtype=dtype, **local)
-    except Exception as e:  # missing, unreachable, truncated or foreign files: one line, not a traceback
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-        hint = "set model: to a hub id or a local folder"
-        if offline:
-            detail = "it is not in the local hub cache"
-            hint = f"{offline}; connect, or set model: to a local folder of the model (config, tokenizer, weights)"
-        raise UserError(f"could not load model {cfg.model!r} at revision {cfg.revision!r}: {detail}; {hint}") from None
-    eos_id = resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
-    warn_if_not_model_eos(model, tokenizer, cfg, eos_id)
-    return shard_model(model, device).eval(), tokenizer, eos_id
-
-
-def load_reference(cfg: Config, device: torch.device, precision: str) -> torch.nn.Module | None:
-    """kl_coef > 0: the frozen reference, the weights the run started from: `model` loaded again
-    (from the files the first load read: local only), no gradient, sharded like the policy under
-    fsdp. A resumed run loads the same, as resume refuses another model or revision. Memory: one
-    more copy of the weights (2.4 GB for Qwen3-0.6B in float32, 1.2 GB in bf16; a 1/world shard
-    under fsdp), no gradients or AdamW state."""
-    if not cfg.kl_coef:
-        return None
-    from transformers import AutoModelForCausalLM
-
-    progress(f"loading the reference model for the KL term (kl_coef {cfg.kl_coef})")
-    reference = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, local_files_only=True,
-                                                     dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
-    reference.requires_grad_(False)
-    return shard_model(reference, device).eval()
-
-
-def resolve_eos_id(tokenizer, cfg: Config, vocab_size: int) -> int:
-    # An unknown token maps to the unk id, whose text differs (Qwen's unk token IS <|endoftext|>).
-    eos_id = tokenizer.convert_tokens_to_ids(cfg.eos_token)
-    if eos_id is None or eos_id >= vocab_size or tokenizer.convert_ids_to_tokens(eos_id) != cfg.eos_token:
-        raise UserError(f"eos_token {cfg.eos_token!r} is not a token of {cfg.model}; set eos_token to its EOS")
-    return eos_id
-
-
-def warn_if_not_model_eos(model, tokenizer, cfg: Config, eos_id: int) -> None:
-    """eos_token is a real token but not one the model ends its texts with: every rollout would run to
-    max_new_tokens. Allowed (a prompt format may stop at its own marker), but said once."""
-    ends = getattr(model.generation_config, "eos_token_id", None)
-    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
-    if ends and eos_id not in ends:
-        names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} (id {i})" for i in ends)
-        progress(f"warning: eos_token {cfg.eos_token!r} (id {eos_id}) is not the EOS of {cfg.model}'s generation "
-                 f"config ({names}); rollouts that never produce it run to max_new_tokens")
-
-
-def available_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62  # unknown: do not refuse
-
-
-def check_memory(cfg: Config, model, problems: list[dict], device: torch.device) -> None:
-    """Refuse up front a group that cannot fit: the KV cache of group_size rollouts of the longest
-    prompt + max_new_tokens (keys and values of every layer, at 2 bytes each at the least) plus the
-    float32 scores of one decode step. A lower bound of what generation takes, so it never refuses a
-    run that could fit; it turns an allocation failure deep in step 1 into one line before it."""
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    length = max(len(p["prompt_ids"]) for p in problems) + cfg.max_new_tokens
-    need = cfg.group_size * (length * c.num_hidden_layers * 2 * kv_heads * head_dim * 2 + 3 * c.vocab_size * 4)
-    have = available_memory(device)
-    if need > have:
-        raise UserError(f"group_size {cfg.group_size} with max_new_tokens {cfg.max_new_tokens} needs at least "
-                        f"{need / 1e9:.1f} GB on {device} for generation, but {have / 1e9:.1f} GB are available; "
-                        "lower group_size or max_new_tokens")
-
+# main
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -3931,9 +3885,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         report_error(e)
         if RANKS.world == 1 and process_rank() != 0:
-            # torchrun, before the process group: every rank hit this and only rank 0 says it. torchrun
-            # kills the other workers as soon as one exits, so the silent ranks give rank 0 time to print.
-            time.sleep(3.0)
+            time.sleep(3.0)  # torchrun, no process group yet: rank 0 says it; torchrun kills all once one exits
         return 2
     except KeyboardInterrupt:  # before training started (the signal handlers take over after that)
         if process_rank() == 0:
@@ -3958,212 +3910,9 @@ def report_error(e: UserError) -> None:
 
 
 def shared_output_dir(cfg: Config) -> OutputDir:
-    """Rank 0 locks output_dir and decides what happens to it; the other ranks get its decision
-    (they never touch the folder)."""
+    """Rank 0 locks output_dir and decides what happens to it; the others get its decision (never the folder)."""
     od = on_rank0(prepare_output_dir, cfg)
     return od if process_rank() == 0 else dataclasses.replace(od, lock_fd=-1, created=False)
-
-
-@dataclass
-class RunState:
-    """Where a run is: the steps done (their metrics), the evaluations, the last checkpoint written."""
-    out: Path
-    argv: list[str]
-    problems: list[dict]
-    eval_set: list[dict]
-    steps: int  # optimizer steps in all: num_problems (as far as the data set goes)
-    history: list[dict] = dataclasses.field(default_factory=list)
-    eval_log: list[dict] = dataclasses.field(default_factory=list)
-    last_saved: int = 0
-    step: int = 0  # the step being trained
-    started: float = 0.0
-    first_step: int = 1  # the first step this process trains (a resumed run: after the checkpoint's)
-    watch: Watch | None = None  # the step bar and the trackers, while the loop runs
-
-
-def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
-        argv: list[str], eval_set: list[dict] = ()) -> int:
-    """The loop: evaluate before; for each problem: train, log, evaluate if due, checkpoint if due;
-    evaluate after the last; save. Every way of stopping early ends in stop_run."""
-    t, s = load_training(cfg, device, precision, od, problems, argv, eval_set)
-    previous_handlers = install_signal_handlers()
-    try:
-        with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as t.scorer:
-            begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
-            s.eval_log = on_rank0(read_eval_log, s.out, eval_steps_in(od.resume_from), s.steps)
-            say(format_header(cfg.group_size, table_extras(cfg.ppo_epochs, cfg.kl_coef)))
-            for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
-                say(format_row(m))
-            s.started, s.first_step = time.perf_counter(), len(s.history) + 1
-            s.watch = open_watch(cfg, s.out, len(s.history), s.steps, od.resume_from)
-            if evaluate_if_due(len(s.history), t, s) and s.history:  # the base model, or what a stopped run left
-                write_checkpoint(len(s.history), t, s)  # resumed: the checkpoint of this step now records it
-            for step in range(len(s.history) + 1, s.steps + 1):
-                s.step = step
-                metrics, rollouts = train_step(step, *run_candidates(s, cfg), t)
-                log_step(metrics, rollouts, t, s)
-                evaluate_if_due(step, t, s)  # after step N (eval_every) or after the last step
-                checkpoint_if_due(step, t, s)
-    except (Interrupted, StopRun) as e:
-        return stop_run(e, t, s)
-    finally:
-        close_watch(s.watch, s.out)
-        for sig, h in previous_handlers.items():
-            signal.signal(sig, h)
-    progress(f"saving the final model to {s.out / 'final'}")
-    try:
-        save_final(t.model, t.tokenizer, s.out)
-    except OSError as e:
-        progress(f"could not write {s.out / 'final'} ({e.strerror or e}); the checkpoint of step {len(s.history)} "
-                 f"is complete: free some space, then {resume_command(argv)} writes final/")
-        return 1
-    say(format_summary(s.history, time.perf_counter() - s.started, s.first_step))
-    if s.eval_log:
-        say("\n" + format_eval_table(write_eval_files(s.out, s.eval_log, cfg)))
-    return 0
-
-
-def load_training(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
-                  argv: list[str], eval_set: list[dict]) -> tuple[Trainer, RunState]:
-    """The model, the optimizer and the checked problems; a resumed run's weights, AdamW state and
-    steps done. Nothing in output_dir changes here."""
-    random.seed(cfg.seed)  # nothing here draws from these; seeded so that nothing a model does can vary
-    torch.manual_seed(cfg.seed)
-    progress(f"loading {cfg.model} on {device} ({precision})")
-    model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
-    problems = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings)
-    plan_decode_length("rollouts", problems, cfg.max_new_tokens)
-    if eval_set:
-        eval_set = check_problems(eval_set, cfg, tokenizer, model.config.max_position_embeddings,
-                                  cfg.eval_max_new_tokens, "eval_dataset")
-        plan_decode_length("eval", eval_set, cfg.eval_max_new_tokens)
-    check_memory(cfg, model, problems, device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id,
-                update_norm_buffers(params, device), reference=load_reference(cfg, device, precision))
-    s = RunState(od.path, argv, problems, list(eval_set), min(cfg.num_problems, len(problems)))
-    if od.resume_from is not None:
-        s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
-        s.last_saved = len(s.history)
-        progress(f"resumed from {od.resume_from} after step {len(s.history)}")
-    on_rank0(check_disk, cfg, model, od.path, len(s.history), s.steps)
-    return t, s
-
-
-def run_candidates(s: RunState, cfg: Config) -> tuple[list[dict], int]:
-    """The problems the next step may draw, and the draw number of the first (1-based: the step's,
-    without resampling). One; with zero_variance=resample up to resample_limit, as many as the data
-    set holds beyond one problem for each step still to come (so every step has one)."""
-    drawn, to_come = problems_drawn(s.history), s.steps - len(s.history)
-    n = 1 if cfg.zero_variance != "resample" else max(1, min(cfg.resample_limit,
-                                                             len(s.problems) - drawn - (to_come - 1)))
-    return s.problems[drawn:drawn + n], drawn + 1
-
-
-def log_step(metrics: dict, rollouts: list[dict], t: Trainer, s: RunState) -> None:
-    """The step's row on stdout and its lines in metrics.jsonl and rollouts.jsonl. After
-    max_bad_steps non-finite steps in a row (each one undone) the run stops."""
-    append_jsonl(s.out / "metrics.jsonl", [metrics])
-    changes = [dict(step=r["step"], problem_index=r["problem_index"], rollout=r["rollout"], reward=r["reward"],
-                    advantage=r["advantage"], **r.pop("token_changes")) for r in rollouts if "token_changes" in r]
-    if changes:
-        append_jsonl(s.out / "tokens.jsonl", changes)
-    append_jsonl(s.out / "rollouts.jsonl", rollouts)
-    s.history.append(metrics)
-    say(format_row(metrics))
-    report_step(s.watch, metrics, rollouts, s.history)
-    bad = 0
-    while bad < len(s.history) and s.history[-1 - bad]["skipped"]:
-        bad += 1
-    if bad >= t.cfg.max_bad_steps:
-        raise StopRun(f"{bad} steps in a row had a non-finite loss, gradient norm or update (the last at step "
-                      f"{metrics['step']}); lower learning_rate or check the data and the model")
-
-
-def evaluate_if_due(step: int, t: Trainer, s: RunState) -> bool:
-    """Evaluate the weights after `step` if the settings ask for it there and the log does not hold
-    it yet; the records join the log and the eval files are rewritten. Returns whether it
-    evaluated. A signal or CUDA out of memory during the evaluation stops the run."""
-    cfg, last = t.cfg, s.steps
-    if not s.eval_set or not evaluation_due(cfg, step, last) or any(r["step"] == step for r in s.eval_log):
-        return False
-    phase = eval_phase(step, last)
-    t0 = time.perf_counter()
-    try:
-        records = evaluate(t.model, t.tokenizer, s.eval_set, cfg, t.eos_id, t.scorer, autocast(t.device, t.precision),
-                           phase, step)
-    except Interrupted:
-        raise StopRun(f"stopped by {signal.Signals(STOP['signal']).name} during the {phase} evaluation",
-                      stop_code()) from None
-    except StopRun as e:  # CUDA out of memory (on any rank)
-        raise StopRun(str(e), stop_code()) from None
-    note(f"after the {phase} evaluation")
-    s.eval_log.extend(records)
-    write_eval_files(s.out, s.eval_log, cfg)
-    report_eval(s.watch, records, cfg.eval_samples)
-    progress(eval_line(phase, records, cfg.eval_samples, time.perf_counter() - t0))
-    return True
-
-
-def checkpoint_if_due(step: int, t: Trainer, s: RunState) -> None:
-    """A checkpoint every save_every steps and after the last; and when a signal arrived during
-    the optimizer step (on any rank): the step is complete, so it is saved, and the run stops."""
-    signalled = agreed_signal()
-    if (t.cfg.save_every and step % t.cfg.save_every == 0) or step == s.steps or signalled:
-        write_checkpoint(step, t, s)
-    if signalled:
-        raise StopRun(f"stopped by {signal.Signals(signalled).name} after step {step}", 128 + signalled)
-
-
-def write_checkpoint(step: int, t: Trainer, s: RunState) -> None:
-    """save_checkpoint on every rank alike; replicas are compared first, as a checkpoint holds
-    weights every rank has. One that cannot be written (a full disk; the previous ones are intact)
-    stops the run."""
-    progress(f"[step {step}] writing checkpoint")
-    try:
-        check_replicas(t.params)
-        save_checkpoint(s.out, step, t.model, t.optimizer, t.cfg, next_record(s.problems, problems_drawn(s.history)),
-                        eval_steps_done(s.eval_log, t.cfg), tracker_ids(s.watch))
-        failed = None
-    except StopRun as e:
-        failed = str(e)
-    failed = from_rank0(failed)
-    if failed is not None:
-        raise StopRun(failed)
-    s.last_saved = step
-    STOP_HINT["text"] = (f"The checkpoint of step {step} in {s.out / 'checkpoints'} is complete; to continue: "
-                         f"{resume_command(s.argv)}")
-
-
-def stop_run(e: Interrupted | StopRun, t: Trainer, s: RunState) -> int:
-    """Every early stop ends here (a signal, a fault, too many bad steps, a checkpoint that cannot
-    be written): write the checkpoint of the last completed step if it is missing, say what is
-    kept, and print the command that resumes, once. Returns the exit status."""
-    if isinstance(e, Interrupted):
-        reason, code = f"stopped by {signal.Signals(STOP['signal']).name} during step {s.step}", stop_code()
-    else:
-        reason, code = str(e), e.code
-    if len(s.history) > s.last_saved and not reason.startswith("no space left"):
-        try:
-            write_checkpoint(len(s.history), t, s)
-        except StopRun as failed:
-            reason = f"{reason}; {failed}"
-    done, saved = len(s.history), s.last_saved
-    if saved == done and done:
-        kept = f"checkpoint of step {saved} in {s.out / 'checkpoints'}"
-    elif saved:
-        kept = (f"the last checkpoint is step {saved}; metrics.jsonl and rollouts.jsonl keep steps 1-{done}, and "
-                f"resuming redoes steps {saved + 1}-{done} with the same random streams")
-    else:
-        kept = "no checkpoint was written" if done else "no step completed"
-    progress(f"{reason}; {kept}. To continue: {resume_command(s.argv)}")
-    return code
-
-
-def stop_code() -> int:
-    """The exit status of a run stopped by a signal (128 + its number) or by anything else (1)."""
-    return 1 if STOP["signal"] is None else 128 + STOP["signal"]
 
 
 def evaluate_only(cfg: Config, device: torch.device, precision: str, od: OutputDir, eval_set: list[dict]) -> int:
@@ -4175,23 +3924,21 @@ def evaluate_only(cfg: Config, device: torch.device, precision: str, od: OutputD
     model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
     eval_set = check_problems(eval_set, cfg, tokenizer, model.config.max_position_embeddings,
                               cfg.eval_max_new_tokens, "eval_dataset")
-    plan_decode_length("eval", eval_set, cfg.eval_max_new_tokens)
-    previous_handlers = install_signal_handlers()
-    try:
-        begin_output(od, cfg)  # an earlier evaluation (overwrite=true) goes now, not before the model loaded
-        with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
-            t0 = time.perf_counter()
-            records = evaluate(model, tokenizer, eval_set, cfg, eos_id, scorer, autocast(device, precision),
-                               "model", None)
-    except Interrupted:
-        progress(f"stopped by {signal.Signals(STOP['signal']).name} during the evaluation; no result written")
-        return stop_code()
-    except StopRun as e:  # CUDA out of memory
-        progress(f"{e}; no result written")
-        return 1
-    finally:
-        for sig, h in previous_handlers.items():
-            signal.signal(sig, h)
+    decoders = Decoders()
+    decoders.plan("eval", eval_set, cfg.eval_max_new_tokens)
+    with signals_caught():
+        try:
+            begin_output(od, cfg)  # an earlier evaluation (overwrite=true) goes now, not before the model loaded
+            with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as scorer:
+                t0 = time.perf_counter()
+                records = evaluate(model, tokenizer, eval_set, cfg, eos_id, scorer, autocast(device, precision),
+                                   "model", None, decoders)
+        except Interrupted:
+            progress(f"stopped by {signal.Signals(STOP['signal']).name} during the evaluation; no result written")
+            return stop_code()
+        except StopRun as e:  # CUDA out of memory
+            progress(f"{e}; no result written")
+            return 1
     progress(eval_line("model", records, cfg.eval_samples, time.perf_counter() - t0))
     say(format_eval_table(write_eval_files(out=od.path, records=records, cfg=cfg)))
     return 0

@@ -1,4 +1,4 @@
-"""Issue 21 point 10: each variant of the step alone against the spec, on the CPU demo, several seeds.
+"""Each variant of the step alone against the spec, on the CPU demo, several seeds.
 
 What it measures, per (variant, seed), from the run's own files:
   - held-out greedy accuracy after training, k/60 (eval_summary.json, phase "after", group "overall");
@@ -44,7 +44,7 @@ VARIANTS = {
     "loss_aggregation=dr_grpo": ["loss_aggregation=dr_grpo"],
     "zero_variance=skip": ["zero_variance=skip"],
     "format_reward=0.5": ["format_reward=0.5"],
-    # not accepted by train_rlvr.py yet (issue 21 points 1, 4, 5)
+    # beyond the spec's step: resampling zero-variance groups, a KL penalty, several PPO epochs
     "zero_variance=resample": ["zero_variance=resample"],
     "kl_coef=0.04": ["kl_coef=0.04"],
     "ppo_epochs=2": ["ppo_epochs=2"],

@@ -44,7 +44,7 @@ def main():
         write_s = time.perf_counter() - t
         size = sum(f.stat().st_size for f in ckpt.iterdir())
         t = time.perf_counter()
-        T.load_checkpoint(ckpt, out, model, optimizer, [])
+        T.load_checkpoint(ckpt, model, optimizer, [])
         load_s = time.perf_counter() - t
     print(f"parameters {n / 1e6:.1f}M; checkpoint {size / 2**30:.2f} GiB; "
           f"write (with fsync) {write_s:.1f} s ({size / 2**20 / write_s:.0f} MiB/s); load {load_s:.1f} s")

@@ -102,10 +102,12 @@ class ImposedLengths(torch.nn.Module):
         return out
 
 
-def time_evaluation(model, tokenizer, problems, cfg, eos_id, scorer, amp, device):
+def time_evaluation(model, tokenizer, problems, cfg, eos_id, scorer, amp, device, decoders=None):
+    """evaluate() timed; `decoders` (a T.Decoders, kept across calls) lets compile=true decode
+    compiled, None decodes eagerly whatever the setting."""
     bench_step.sync(device)
     t0 = time.perf_counter()
-    records = T.evaluate(model, tokenizer, problems, cfg, eos_id, scorer, amp, "bench", None)
+    records = T.evaluate(model, tokenizer, problems, cfg, eos_id, scorer, amp, "bench", None, decoders)
     bench_step.sync(device)
     seconds = time.perf_counter() - t0
     return seconds, sum(r["tokens"] for r in records), [r["response"] for r in records]
@@ -125,7 +127,7 @@ def order_check(model, problems, new_tokens, amp, device, batch=8):
         t0 = time.perf_counter()
         with torch.no_grad():
             for b in batches:
-                T.decode(model, [prompts[i] for i in b], new_tokens, -1, T.greedy_pick, amp, compiled=False)
+                T.decode(model, [prompts[i] for i in b], new_tokens, -1, T.greedy_pick, amp)
         bench_step.sync(device)
         result[name] = {"seconds": time.perf_counter() - t0, "prompt_padding": 1 - real / padded}
     return result
@@ -136,19 +138,20 @@ def compiled_check(model, tokenizer, problems, cfg0, scorer, amp, device, size, 
     (DynamicCache, ended rows dropped), forced lengths: the compile (and its check against eager)
     happens in a warm-up outside the timings; then the two alternate, medians of `repeats`."""
     plan = T.dataclasses.replace(cfg0, eval_batch_size=size)
-    T.plan_decode_length("eval", problems, cfg0.eval_max_new_tokens)
+    decoders = T.Decoders()  # one compiled "eval" decoder for the warm-up and every timed run, as in a training run
+    decoders.plan("eval", problems, cfg0.eval_max_new_tokens)
     t0 = time.perf_counter()
     time_evaluation(model, tokenizer, problems[:size], T.dataclasses.replace(plan, compile="true"), -1, scorer, amp,
-                    device)
+                    device, decoders)
     warm = time.perf_counter() - t0
     seconds, texts = {"false": [], "true": []}, {}
     for rep in range(repeats):
         for mode in (("false", "true") if rep % 2 == 0 else ("true", "false")):
             s, tokens, texts[mode] = time_evaluation(model, tokenizer, problems, T.dataclasses.replace(plan, compile=mode),
-                                                     -1, scorer, amp, device)
+                                                     -1, scorer, amp, device, decoders)
             seconds[mode].append(s)
     eager, compiled = statistics.median(seconds["false"]), statistics.median(seconds["true"])
-    failed = T.COMPILE_FAILED[:1]
+    failed = [decoders.failed] if decoders.failed else []
     print(f"compiled evaluation (batch {size}, forced lengths, {tokens} tokens): compile + check {warm:.1f} s; "
           f"eager {eager:.2f} s, compiled {compiled:.2f} s ({eager / compiled:.2f}x); same responses: "
           f"{'yes' if texts['false'] == texts['true'] else 'NO'}{'; FELL BACK: ' + failed[0] if failed else ''}")

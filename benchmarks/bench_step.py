@@ -3,7 +3,7 @@
     python benchmarks/bench_step.py [--steps 10] [--json bench.json] [--full] [...]
 
 Builds a random-weight model from a config folder (default: ../shared/qwen3-0.6b-base shrunk to the
-issue's CPU stand-in: 4 layers, hidden 512, intermediate 1536, 8 heads, 4 KV heads, head_dim 64, the
+CPU stand-in: 4 layers, hidden 512, intermediate 1536, 8 heads, 4 KV heads, head_dim 64, the
 real 151,936-token vocabulary and tokenizer; --full keeps the exact Qwen3-0.6B architecture). Every
 step uses one problem of the JSON file, forces exactly --new-tokens new tokens per rollout (EOS does
 not stop a rollout) and the reward pattern --rewards (default 1,0,0,0,0,0,0,0), so every step trains.
@@ -14,7 +14,7 @@ in this process (the order alternates every step):
   trainer  train_rlvr's own phase functions: generate_rollouts, score_rollouts (the real verifier; its
            rewards are then replaced by the pattern), compute_advantages, accumulate_policy_gradient,
            optimizer_step, at the trainer's precision (precision=auto unless --precision).
-  plain    the plain loop of issue 4: transformers' generate (do_sample, temperature 0.8, top_p 0.9,
+  plain    the plain loop (the baseline): transformers' generate (do_sample, temperature 0.8, top_p 0.9,
            top_k 0), then per response a full-logits forward, log_softmax of every position, the sum
            over the response, backward; clip_grad_norm_ and AdamW.step; float32 on CPU.
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import resource
 import statistics
@@ -67,7 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--precision", default="auto", choices=T.PRECISIONS, help="the trainer's precision")
     p.add_argument("--baseline-precision", default="auto", choices=T.PRECISIONS,
-                   help="the plain loop's (auto: fp32 on CPU as in the issue, bf16-autocast on CUDA)")
+                   help="the plain loop's (auto: fp32 on CPU, the baseline's own precision there; bf16-autocast on CUDA)")
     p.add_argument("--logprob-batch-size", type=int, default=1)
     p.add_argument("--compile", default="auto", help="the trainer's compile setting: auto, true, false")
     p.add_argument("--variants", default="trainer,plain")
@@ -140,6 +139,8 @@ class TrainerVariant:
                             device=str(device), precision=self.precision, compile=args.compile,
                             logprob_batch_size=args.logprob_batch_size)
         self.weights_before = T.update_norm_buffers(self.params, device)  # as run() does
+        self.decoders = T.Decoders()  # the compiled decoder kept from step to step, as the Trainer holds it
+        self.decoders.plan("rollouts", [{"prompt_ids": prompt_ids.tolist()}], args.new_tokens)
         self.steps_done = 0
         self.prompt_ids, self.problem = prompt_ids.to(device), problem
         self.rewards = torch.tensor([float(x) for x in args.rewards.split(",")])
@@ -151,7 +152,7 @@ class TrainerVariant:
         # eos_id -1: no token stops a rollout, so every one has exactly new_tokens tokens
         self.steps_done += 1
         streams = T.rollout_streams(0, self.steps_done, range(self.cfg.group_size), d)
-        responses, _ = T.generate_rollouts(self.model, self.prompt_ids, self.cfg, -1, streams, amp)
+        responses, _ = T.generate_rollouts(self.model, self.prompt_ids, self.cfg, -1, streams, amp, self.decoders)
         sync(d)
         t["generation"] = time.perf_counter() - t0
         s = time.perf_counter()
@@ -159,7 +160,7 @@ class TrainerVariant:
         T.score_rollouts(self.scorer, texts, self.problem["answer"])
         rewards = self.rewards  # forced, so that every step trains
         t["rewards"] = time.perf_counter() - s
-        advantages = T.compute_advantages(rewards, self.cfg.std_eps)
+        advantages = T.compute_advantages(rewards, self.cfg.std_eps, zero_variance=T.equal_rewards(rewards))
         s = time.perf_counter()
         T.accumulate_policy_gradient(self.model, self.params, self.prompt_ids, responses, advantages.to(d),
                                      self.cfg.group_size, amp, self.cfg.logprob_batch_size)
@@ -175,7 +176,7 @@ class TrainerVariant:
 
 
 class PlainVariant:
-    """The plain loop of issue 4's table: generate + full-logits log-softmax + per-response backward."""
+    """The baseline plain loop: generate + full-logits log-softmax + per-response backward."""
     name = "plain"
 
     def __init__(self, args, device, tokenizer, make_model, prompt_ids, problem):

@@ -61,10 +61,10 @@ def main():
                 amp = T.autocast(device, precision)
                 model = master if precision != "bf16" else copy.deepcopy(master).to(torch.bfloat16)
                 worst = scale = 0.0
-                T._STATIC_DECODERS.clear()
+                decoders = T.Decoders()  # one decoder per precision, reused across the prompts as a run does
                 for problem in problems[:args.prompts]:
                     ids = tok(T.build_prompt(T.SPEC_PROMPT, problem), add_special_tokens=False)["input_ids"]
-                    decoder = T.static_decoder(model, amp)
+                    decoder = decoders.get(model, amp)
                     with torch.no_grad(), torch.autocast(device.type, enabled=False):
                         d, s = T.compiled_decode_difference(decoder, model, [torch.tensor(ids, device=device)] * 4,
                                                             args.steps + 1, amp, steps=args.steps)
@@ -72,7 +72,6 @@ def main():
                 tol = T.compiled_tolerance(scale, decoder.low_precision)
                 print(f"{name:20s} {precision:14s} {worst:11.3g} {scale:12.3g} {worst / scale:9.2e}  {tol:.3g}",
                       flush=True)
-    T._STATIC_DECODERS.clear()
 
 
 if __name__ == "__main__":

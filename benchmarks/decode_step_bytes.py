@@ -61,7 +61,8 @@ def main():
     amp = T.autocast(device, args.precision)
     batch = torch.randint(0, 150000, (1, args.prompt), generator=torch.Generator().manual_seed(0)).repeat(args.batch, 1)
     with torch.no_grad(), T.weight_cast_cache(amp, device.type):
-        decoder = T.static_decoder(model, amp)
+        # a train_rlvr.py of --code from before the Decoders class kept its decoders in static_decoder()
+        decoder = T.Decoders().get(model, amp) if hasattr(T, "Decoders") else T.static_decoder(model, amp)
         logits = decoder.prefill(batch.to(device), 16)
         for _ in range(3):  # compile and warm up
             logits = decoder.step(logits.argmax(-1, keepdim=True))

@@ -146,8 +146,8 @@ def _on_call(monkeypatch, name, at_call, action):
 
 @pytest.mark.parametrize("where, at_call, sig", [
     ("generate_rollouts", 3, signal.SIGINT),   # during step 3's generation
-    ("sequence_log_prob", 11, signal.SIGINT),  # during step 3's backward (4 responses a step)
-    ("sequence_log_prob", 6, signal.SIGTERM),
+    ("token_log_probs", 11, signal.SIGINT),  # during step 3's backward (4 responses a step)
+    ("token_log_probs", 6, signal.SIGTERM),
 ])
 def test_signal_during_a_step_checkpoints_the_last_completed_step(tiny_model_dir, tiny_data_file, tmp_path,
                                                                   capsys, monkeypatch, uninterrupted,
@@ -207,11 +207,11 @@ def _poison(monkeypatch, steps):
 
     def poisoned(model, params, *a, **k):
         calls["n"] += 1
-        loss, lps = real(model, params, *a, **k)
+        done = real(model, params, *a, **k)
         if calls["n"] in steps:
             params[0].grad.fill_(float("nan"))
-            return float("nan"), lps
-        return loss, lps
+            done.loss = float("nan")
+        return done
     monkeypatch.setattr(T, "accumulate_policy_gradient", poisoned)
 
 
@@ -331,7 +331,7 @@ def _out_of_memory():
 
 
 @pytest.mark.parametrize("where, at_call, message, last_done", [
-    ("sequence_log_prob", 9, "CUDA out of memory at step 3 in the backward pass of a response of up to 6 tokens", 2),
+    ("token_log_probs", 9, "CUDA out of memory at step 3 in the backward pass of a response of up to 6 tokens", 2),
     ("generate_rollouts", 4, "CUDA out of memory at step 4 while generating 4 rollouts of up to 6 tokens", 3),
 ])
 def test_out_of_memory_stops_with_a_checkpoint_of_the_last_completed_step(tiny_model_dir, tiny_data_file, tmp_path,
@@ -366,7 +366,7 @@ def test_resume_refuses_data_that_changed_under_the_checkpoint(tiny_model_dir, t
     assert "its next problem is dataset record 2, but the data now give record 3" in err
 
 
-FIXTURE = ROOT / "tests" / "fixtures" / "main-4ecffb0"  # written by main at 4ecffb0, see its README
+FIXTURE = ROOT / "tests" / "fixtures" / "old-checkpoint-format"  # written before the state-dict API, see its README
 
 
 def _fingerprint(t):

@@ -59,7 +59,7 @@ def _run(demo: Path, out: Path, flip: bool = False):
     real = T.compute_advantages
     with pytest.MonkeyPatch.context() as mp:
         if flip:
-            mp.setattr(T, "compute_advantages", lambda *args: -real(*args))
+            mp.setattr(T, "compute_advantages", lambda *args, **kwargs: -real(*args, **kwargs))
         stdout, stderr = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             code = T.main(_settings(demo, out))

@@ -84,7 +84,7 @@ def test_batched_greedy_decoding_gives_each_problem_its_tokens_alone(tiny_model,
     prompts = _prompts()
 
     def greedy(ps, eos):
-        responses, cut = T.decode(model, ps, 10, eos, T.greedy_pick, T.nullcontext(), compiled=False,
+        responses, cut = T.decode(model, ps, 10, eos, T.greedy_pick, T.nullcontext(),
                                   drop_finished=drop_finished)
         return [r.tolist() for r in responses], cut
     alone = [greedy([p], -1)[0][0] for p in prompts]
@@ -120,7 +120,7 @@ def test_each_row_counts_its_own_positions_and_stops_at_its_eos(tiny_model, drop
     monkeypatch.setattr(T, "CHECK_EVERY", 1)  # the end test at every token: rows leave right at their EOS
     echo = _EchoPositions(model.config)
     prompts = [torch.tensor([3, 3, 3, 3]), torch.tensor([3]), torch.tensor([3, 3])]
-    responses, cut = T.decode(echo, prompts, 8, 0, T.greedy_pick, T.nullcontext(), compiled=False,
+    responses, cut = T.decode(echo, prompts, 8, 0, T.greedy_pick, T.nullcontext(),
                               drop_finished=drop_finished)
     assert [r.tolist() for r in responses] == [[4, 5, 0], [1, 2, 3, 4, 5, 0], [2, 3, 4, 5, 0]]
     assert cut == [False, False, False]
@@ -132,7 +132,7 @@ def test_each_row_counts_its_own_positions_and_stops_at_its_eos(tiny_model, drop
         assert [len(pos) for _, pos in echo.seen] == [3] * 6
     echo.seen.clear()
     monkeypatch.setattr(T, "CHECK_EVERY", 4)  # the end test every 4 tokens: the same responses
-    again, _ = T.decode(echo, prompts, 8, 0, T.greedy_pick, T.nullcontext(), compiled=False,
+    again, _ = T.decode(echo, prompts, 8, 0, T.greedy_pick, T.nullcontext(),
                         drop_finished=drop_finished)
     assert [r.tolist() for r in again] == [r.tolist() for r in responses]
     # rows leave (and the loop stops) only at the checks after tokens 4 and 8: 8 forwards, not 6;
@@ -186,29 +186,24 @@ def test_compiled_evaluation_gives_the_tokens_of_eager_evaluation(tiny_model, sa
     problems = _eval_problems()
     kw = dict(eval_batch_size=2, eval_samples=samples, eval_temperature=1.0, eval_top_p=0.95)
 
-    def run(compile, eos):
+    def run(compile, eos, decoders=None):
         records = T.evaluate(model, tok, problems, _eval_cfg(compile=compile, **kw), eos, SCORER, T.nullcontext(),
-                             "before", 0)
+                             "before", 0, decoders)
         return [{k: r[k] for k in ("problem_index", "sample", "response", "tokens", "cut_at_limit")} for r in records]
     first = T.greedy_pick if samples == 1 else T.sampling_pick(
         [torch.Generator().manual_seed(T.stream_seed(T.Config().seed, "eval", 0, 0))], 1.0, 0.95, "cpu")
-    unended = T.decode(model, [torch.tensor(problems[0]["prompt_ids"])], 8, -1, first, T.nullcontext(),
-                       compiled=False)[0][0].tolist()
+    unended = T.decode(model, [torch.tensor(problems[0]["prompt_ids"])], 8, -1, first,
+                       T.nullcontext())[0][0].tolist()
     eos = unended[3]  # problem 0's (first sample's) 4th token: some rows end partway, others run to the limit
     eager = run("false", eos)
     assert {r["tokens"] for r in eager} != {8} and any(r["cut_at_limit"] for r in eager)
-    monkeypatch.setattr(T, "COMPILE_FAILED", [])
-    T._STATIC_DECODERS.clear()
-    T.plan_decode_length("eval", problems, 8)
+    decoders = T.Decoders()
+    decoders.plan("eval", problems, 8)
     torch._dynamo.utils.counters.clear()
-    try:
-        assert run("true", eos) == eager
-        decoder = T._STATIC_DECODERS[(id(model), "eval")][2]
-        assert decoder.checked and not T.COMPILE_FAILED and decoder.batch_size == 2 * samples
-        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # the last batch of 1 took it too
-    finally:
-        T._STATIC_DECODERS.clear()
-        T.DECODE_LENGTH.clear()
+    assert run("true", eos, decoders) == eager
+    decoder = decoders.static["eval"][-1]
+    assert decoder.checked and decoders.failed is None and decoder.batch_size == 2 * samples
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # the last batch of 1 took it too
 
 
 def test_responses_are_scored_through_the_verifier_with_each_problems_reference():
@@ -350,15 +345,15 @@ def _train_args(model_dir, data, out, *extra):
 def moved(tiny_model_dir, eval_data, tmp_path_factory):
     """One whole run: evaluations before step 1, after step 2 (eval_every) and after step 4."""
     out = tmp_path_factory.mktemp("moved")
-    planned, real_plan = [], T.plan_decode_length
+    planned, real_plan = [], T.Decoders.plan
     with pytest.MonkeyPatch.context() as mp:
         _fake_scores(mp)
-        mp.setattr(T, "plan_decode_length", lambda use, problems, new: (
-            planned.append((use, max(len(p["prompt_ids"]) for p in problems), new)), real_plan(use, problems, new)))
+        mp.setattr(T.Decoders, "plan", lambda self, use, problems, new: (
+            planned.append((use, max(len(p["prompt_ids"]) for p in problems), new)),
+            real_plan(self, use, problems, new)))
         stdout, stderr = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             code = T.main(_train_args(tiny_model_dir, eval_data, out))
-    T.DECODE_LENGTH.clear()
     assert code == 0, stderr.getvalue()
     return SimpleNamespace(out=out, stdout=stdout.getvalue(), stderr=stderr.getvalue(), planned=planned)
 
@@ -434,11 +429,11 @@ def _spy_evaluate(monkeypatch, stop_at_phase=None):
     """Record the phases evaluate() is called for; optionally deliver a SIGINT as one starts."""
     phases, real = [], REAL_EVALUATE
 
-    def spy(model, tokenizer, problems, cfg, eos_id, scorer, amp, phase, step):
+    def spy(model, tokenizer, problems, cfg, eos_id, scorer, amp, phase, step, decoders=None):
         phases.append(phase)
         if phase == stop_at_phase:
             T.STOP["signal"] = signal.SIGINT
-        return real(model, tokenizer, problems, cfg, eos_id, scorer, amp, phase, step)
+        return real(model, tokenizer, problems, cfg, eos_id, scorer, amp, phase, step, decoders)
     monkeypatch.setattr(T, "evaluate", spy)
     return phases
 

@@ -1,4 +1,4 @@
-"""Every speed-up of issue 4 keeps the numbers: each test pins one optimization to the plain
+"""Every speed-up of the training step keeps the numbers: each test pins one optimization to the plain
 computation it replaces (transformers' warpers, the one-response-at-a-time backward, the float32
 master weights under autocast, the DynamicCache decode)."""
 
@@ -11,6 +11,11 @@ import train_rlvr as T
 from conftest import ROOT
 
 VOCAB = 151936
+
+
+def advantages(rewards, std_eps=1e-4, advantage_std="group"):
+    """compute_advantages with the zero-variance flag decided as score_group decides it (equal_rewards)."""
+    return T.compute_advantages(rewards, std_eps, advantage_std, zero_variance=T.equal_rewards(rewards))
 
 
 def _hf_kept(scores, top_p):
@@ -72,7 +77,7 @@ def test_probabilities_equal_transformers_on_full_vocabulary_rows():
 
 
 def _old_sample(logits, temperature, top_p, generator):
-    """sample_next_token as it was before issue 4 (torch.where, float64 copy, last kept token always)."""
+    """sample_next_token before its speed-ups (torch.where, float64 copy, last kept token always)."""
     scores = logits.float() / temperature
     kept = T.top_p_reference(scores, top_p) if top_p < 1.0 else torch.isfinite(scores)
     weights = torch.where(kept, (scores - scores.max(dim=-1, keepdim=True).values).exp(), 0.0)
@@ -222,11 +227,13 @@ def test_logprob_micro_batches_give_the_same_gradient(tiny_model, batch_size):
     prompt = torch.randint(1, 300, (7,), generator=g)
     responses = [torch.randint(1, 300, (n,), generator=g) for n in (5, 1, 9, 3, 12)]
     responses[2][-1] = 0  # one ends with EOS
-    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0]), 1e-4)
-    loss1, lps1 = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 5, T.nullcontext())
+    adv = advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0]))
+    done = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 5, T.nullcontext())
+    loss1, lps1 = done.loss, done.seq_log_probs
     grads1 = [p.grad.clone() for p in params]
-    loss_b, lps_b = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 5, T.nullcontext(),
+    done = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 5, T.nullcontext(),
                                                  logprob_batch_size=batch_size)
+    loss_b, lps_b = done.loss, done.seq_log_probs
     assert loss_b == pytest.approx(loss1, rel=1e-5, abs=1e-6)
     assert lps_b == pytest.approx(lps1, rel=1e-5, abs=1e-5)
     for a, b in zip(grads1, (p.grad for p in params)):
@@ -242,7 +249,7 @@ def test_batch_size_one_is_the_spec_path_bit_for_bit(tiny_model):
     model, _ = tiny_model
     params = list(model.parameters())
     prompt, responses = torch.tensor([4, 5, 6, 7]), [torch.tensor([8, 9, 0]), torch.tensor([10, 11])]
-    adv = T.compute_advantages(torch.tensor([1.0, 0.0]), 1e-4)
+    adv = advantages(torch.tensor([1.0, 0.0]))
     out = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 2, T.nullcontext())
     grads = [p.grad.clone() for p in params]
     # by hand: the spec's loop, one response per forward and backward
@@ -250,12 +257,12 @@ def test_batch_size_one_is_the_spec_path_bit_for_bit(tiny_model):
         p.grad.zero_()
     total, lps = 0.0, []
     for r, a in zip(responses, adv):
-        s = T.sequence_log_prob(model, prompt, r, T.nullcontext())
+        s = T.sequence_log_prob(T.token_log_probs(model, prompt, r, T.nullcontext()))
         loss = T.policy_loss(a, s, 2)
         loss.backward()
         total += loss.item()
         lps.append(s.item())
-    assert out == (total, lps)
+    assert (out.loss, out.seq_log_probs) == (total, lps)
     assert all(torch.equal(a, p.grad) for a, p in zip(grads, params))
 
 
@@ -285,9 +292,9 @@ def test_bf16_twin_computes_exactly_what_autocast_computes_from_the_float32_mast
     assert torch.equal(a, b)
 
 
-def _rollouts(model, cfg, amp, seed=0):
+def _rollouts(model, cfg, amp, seed=0, decoders=None):
     responses, _ = T.generate_rollouts(model, torch.tensor([5, 17, 33, 100, 7]), cfg, -1,
-                                       T.rollout_streams(seed, 1, range(cfg.group_size), "cpu"), amp)
+                                       T.rollout_streams(seed, 1, range(cfg.group_size), "cpu"), amp, decoders)
     return [r.tolist() for r in responses]
 
 
@@ -297,13 +304,13 @@ def test_static_cache_decode_takes_the_same_tokens_as_the_dynamic_cache(tiny_mod
     cfg.compile = "false"
     dynamic = _rollouts(model, cfg, T.nullcontext())
     cfg.compile = "true"
-    T._STATIC_DECODERS.clear()
-    decoder = T.static_decoder(model, T.nullcontext())
+    decoders = T.Decoders()
+    decoder = decoders.get(model, T.nullcontext())
     monkeypatch.setattr(decoder, "compiled_step", decoder._forward)  # the static cache alone, eager
-    assert _rollouts(model, cfg, T.nullcontext()) == dynamic
-    assert _rollouts(model, cfg, T.nullcontext(), seed=1) == _rollouts(model, T.Config(
+    assert _rollouts(model, cfg, T.nullcontext(), decoders=decoders) == dynamic
+    assert decoder.checked and decoders.failed is None  # the static path ran
+    assert _rollouts(model, cfg, T.nullcontext(), seed=1, decoders=decoders) == _rollouts(model, T.Config(
         group_size=4, max_new_tokens=10, temperature=1.0, top_p=0.9, device="cpu"), T.nullcontext(), seed=1)
-    T._STATIC_DECODERS.clear()
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
@@ -312,9 +319,9 @@ def test_compiled_decode_runs_and_matches_eager_in_float32(tiny_model):
     cfg = T.Config(group_size=2, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu")
     eager = _rollouts(model, cfg, T.nullcontext())
     cfg.compile = "true"
-    T._STATIC_DECODERS.clear()
-    assert _rollouts(model, cfg, T.nullcontext()) == eager
-    T._STATIC_DECODERS.clear()
+    decoders = T.Decoders()
+    assert _rollouts(model, cfg, T.nullcontext(), decoders=decoders) == eager
+    assert decoders.failed is None and decoders.static["rollouts"][-1].checked
 
 
 def test_compile_setting():
@@ -327,19 +334,38 @@ def test_compile_setting():
         T.load_config(["--config", str(ROOT / "config.yaml"), "compile=maybe"])
 
 
+def test_decoders_keep_one_static_decoder_per_use_and_model_with_its_planned_length(tiny_model):
+    """A StaticDecoder is kept from step to step for its use, with the cache length planned from the
+    problems; another model (or another autocast) gets a new one, never the old model's graph."""
+    import copy
+
+    model, _ = tiny_model
+    decoders = T.Decoders()
+    decoders.plan("rollouts", [{"prompt_ids": [1] * 5}, {"prompt_ids": [1] * 9}], 7)
+    first = decoders.get(model, T.nullcontext())
+    assert decoders.get(model, T.nullcontext()) is first and first.planned == 16 and first.model is model
+    assert decoders.get(model, T.nullcontext(), "eval").planned == 0  # nothing planned for eval
+    other = copy.deepcopy(model)
+    assert decoders.get(other, T.nullcontext()) is not first and decoders.get(other, T.nullcontext()).model is other
+    bf16 = decoders.get(other, torch.autocast("cpu", dtype=torch.bfloat16))
+    assert bf16.bf16 and decoders.get(other, T.nullcontext()) is not bf16
+
+
 def test_a_failing_compiled_decoder_falls_back_to_eager_with_the_same_tokens(tiny_model, monkeypatch, capsys):
     model, _ = tiny_model
     cfg = T.Config(group_size=4, max_new_tokens=8, temperature=1.0, top_p=0.9, device="cpu", compile="false")
     eager = _rollouts(model, cfg, T.nullcontext(), seed=3)
 
-    def broken(model, amp, use="rollouts"):
+    def broken(self, model, amp, use="rollouts"):
         raise RuntimeError("Inductor could not compile this\nlong details")
-    monkeypatch.setattr(T, "static_decoder", broken)
-    monkeypatch.setattr(T, "COMPILE_FAILED", [])
+    monkeypatch.setattr(T.Decoders, "get", broken)
+    decoders = T.Decoders()
     cfg.compile = "true"
-    assert _rollouts(model, cfg, T.nullcontext(), seed=3) == eager
+    assert _rollouts(model, cfg, T.nullcontext(), seed=3, decoders=decoders) == eager
     assert "compiled decoding failed (RuntimeError: Inductor could not compile this); decoding eagerly" in capsys.readouterr().err
-    assert _rollouts(model, cfg, T.nullcontext(), seed=3) == eager  # and stays eager, without a new attempt
+    assert decoders.failed == "RuntimeError: Inductor could not compile this"
+    # and stays eager, without a new attempt
+    assert _rollouts(model, cfg, T.nullcontext(), seed=3, decoders=decoders) == eager
     assert capsys.readouterr().err == ""
 
 
@@ -351,41 +377,32 @@ def test_bf16_weights_keep_the_compiled_decoder(tiny_model, monkeypatch, capsys)
     model = model.to(torch.bfloat16)
     cfg = T.Config(group_size=2, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu", compile="true",
                    precision="bf16")
-    monkeypatch.setattr(T, "COMPILE_FAILED", [])
-    T._STATIC_DECODERS.clear()
-    try:
-        responses = _rollouts(model, cfg, T.nullcontext())
-        decoder = T.static_decoder(model, T.nullcontext())
-        worst, scale = T.compiled_decode_difference(decoder, model, [torch.tensor([5, 17, 33, 100, 7])] * 2, 6,
-                                                    T.nullcontext())
-    finally:
-        T._STATIC_DECODERS.clear()
-    assert "compiled decoding failed" not in capsys.readouterr().err and not T.COMPILE_FAILED
+    decoders = T.Decoders()
+    responses = _rollouts(model, cfg, T.nullcontext(), decoders=decoders)
+    decoder = decoders.get(model, T.nullcontext())
+    worst, scale = T.compiled_decode_difference(decoder, model, [torch.tensor([5, 17, 33, 100, 7])] * 2, 6,
+                                                T.nullcontext())
+    assert "compiled decoding failed" not in capsys.readouterr().err and decoders.failed is None
     assert decoder.checked and decoder.low_precision and len(responses) == 2
     assert T.compiled_tolerance(scale, False) < worst <= T.compiled_tolerance(scale, True)  # float32's would fail
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
 def test_one_compile_per_run_whatever_the_prompt_lengths_and_the_rank_share(tiny_model, monkeypatch):
-    """The static cache is sized once from the longest prompt (plan_decode_length), and the check
+    """The static cache is sized once from the longest prompt (Decoders.plan), and the check
     runs at the batch the process decodes (2 of a group of 4 on each of two ranks): a run with a
     short and then a long prompt compiles the decode step once."""
     model, _ = tiny_model
     cfg = T.Config(group_size=4, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu", compile="true")
     prompts = [torch.arange(1, 6), torch.arange(1, 301) % 250 + 1]  # 5 + 6 fits 256 columns, 300 + 6 does not
-    monkeypatch.setattr(T, "COMPILE_FAILED", [])
-    T._STATIC_DECODERS.clear()
-    T.plan_decode_length("rollouts", [{"prompt_ids": p.tolist()} for p in prompts], cfg.max_new_tokens)
+    decoders = T.Decoders()
+    decoders.plan("rollouts", [{"prompt_ids": p.tolist()} for p in prompts], cfg.max_new_tokens)
     torch._dynamo.utils.counters.clear()
-    try:
-        for step, prompt in enumerate(prompts):
-            responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, step, [2, 3], "cpu"),
-                                               T.nullcontext())  # rank 1 of 2: rollouts 2 and 3
-            assert len(responses) == 2 and not T.COMPILE_FAILED
-        assert T.static_decoder(model, T.nullcontext()).cache_len == 512
-    finally:
-        T._STATIC_DECODERS.clear()
-        T.DECODE_LENGTH.clear()
+    for step, prompt in enumerate(prompts):
+        responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, step, [2, 3], "cpu"),
+                                           T.nullcontext(), decoders)  # rank 1 of 2: rollouts 2 and 3
+        assert len(responses) == 2 and decoders.failed is None
+    assert decoders.get(model, T.nullcontext()).cache_len == 512
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
@@ -420,7 +437,7 @@ def test_the_decode_loop_syncs_with_the_host_once_every_8_tokens(tiny_model):
 
     def more(prompts, **kw):
         (short, short_events), (long, long_events) = (_host_syncs(lambda: T.decode(
-            model, prompts, n, -1, T.greedy_pick, T.nullcontext(), compiled=False, **kw)) for n in (8, 24))
+            model, prompts, n, -1, T.greedy_pick, T.nullcontext(), **kw)) for n in (8, 24))
         return long - short, long_events - short_events
     assert more([torch.tensor([5, 17, 33])] * 2) == (2, 0)  # the CPU's tolist: no aten event, hence the mode count
     assert more([torch.tensor([5, 17, 33]), torch.tensor([9])], drop_finished=True) == (16 + 4, 32 + 4)
@@ -439,5 +456,5 @@ def test_nan_scores_never_reach_the_embedding_and_stop_at_the_next_check(tiny_mo
     monkeypatch.setattr(T, "next_token_scores", poisoned)
     pick = T.sampling_pick(T.rollout_streams(0, 1, range(2), "cpu"), 1.0, 0.9, "cpu")
     with pytest.raises(T.NonFiniteScores, match="NaN or infinite at new token 3$"):
-        T.decode(model, [torch.tensor([5, 17, 33])] * 2, 12, -1, pick, T.nullcontext(), compiled=False)
+        T.decode(model, [torch.tensor([5, 17, 33])] * 2, 12, -1, pick, T.nullcontext())
     assert len(seen) == 8 and max(seen) < model.config.vocab_size  # prefill + 7 steps, every id in range

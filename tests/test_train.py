@@ -5,7 +5,6 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,27 +18,32 @@ from conftest import ROOT
 # Advantages: the spec's worked numbers
 
 
+def advantages(rewards, std_eps=1e-4, advantage_std="group"):
+    """compute_advantages with the zero-variance flag decided as score_group decides it (equal_rewards)."""
+    return T.compute_advantages(rewards, std_eps, advantage_std, zero_variance=T.equal_rewards(rewards))
+
+
 def test_advantages_match_the_spec_step_2():
     rewards = torch.tensor([1, 0, 0, 0, 0, 0, 0, 0], dtype=torch.float32)
-    adv = T.compute_advantages(rewards, 1e-4)
+    adv = advantages(rewards)
     assert round(adv[0].item(), 4) == 2.4742
     assert all(round(a, 4) == -0.3535 for a in adv[1:].tolist())
     assert abs(adv.sum().item()) < 1e-5
     # order does not matter
-    shuffled = T.compute_advantages(torch.tensor([0, 0, 0, 1, 0, 0, 0, 0.0]), 1e-4)
+    shuffled = advantages(torch.tensor([0, 0, 0, 1, 0, 0, 0, 0.0]))
     assert shuffled[3].item() == adv[0].item() and shuffled[0].item() == adv[1].item()
 
 
 @pytest.mark.parametrize("value", [0.0, 1.0])
 def test_equal_rewards_give_exactly_zero_advantages(value):
-    adv = T.compute_advantages(torch.full((8,), value), 1e-4)
+    adv = advantages(torch.full((8,), value))
     assert torch.equal(adv, torch.zeros(8)) and not torch.signbit(adv).any()
 
 
 def test_advantages_use_the_configured_eps_and_the_unbiased_std():
     r = torch.tensor([1.0, 1.0, 0.0, 0.0])
     std = math.sqrt(sum((x - 0.5) ** 2 for x in r.tolist()) / 3)
-    assert T.compute_advantages(r, 0.5)[0].item() == pytest.approx(0.5 / (std + 0.5), rel=1e-6)
+    assert advantages(r, 0.5)[0].item() == pytest.approx(0.5 / (std + 0.5), rel=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -59,14 +63,14 @@ def test_sequence_log_prob_equals_a_by_hand_sum(tiny_model):
     response = torch.tensor([12, 250, 3, 0])  # ends with EOS (id 0)
     with torch.no_grad():
         per_token = T.token_log_probs(model, prompt, response, T.nullcontext())
-        seq = T.sequence_log_prob(model, prompt, response, T.nullcontext())
+        seq = T.sequence_log_prob(T.token_log_probs(model, prompt, response, T.nullcontext()))
         expected = _by_hand_log_prob(model, prompt, response)
     assert per_token.dtype == torch.float32 and per_token.shape == (4,)  # one term per response token
     assert seq.item() == pytest.approx(expected, abs=1e-4)
     assert seq.item() == pytest.approx(per_token.sum().item(), abs=1e-6)  # a sum, not a mean
     # the EOS token counts: its term is log p(EOS | prompt, response[:-1])
     with torch.no_grad():
-        without_eos = T.sequence_log_prob(model, prompt, response[:-1], T.nullcontext()).item()
+        without_eos = T.sequence_log_prob(T.token_log_probs(model, prompt, response[:-1], T.nullcontext())).item()
         logp_eos = torch.log_softmax(model(torch.cat([prompt, response[:-1]])[None]).logits[0, -1], -1)[0].item()
     assert seq.item() == pytest.approx(without_eos + logp_eos, abs=1e-4)
 
@@ -139,8 +143,9 @@ def test_per_response_backward_equals_one_backward_of_the_group_loss(tiny_model)
     prompt = torch.randint(1, 300, (6,))
     responses = [torch.randint(1, 300, (n,)) for n in (3, 7, 1, 5)]
     responses[1][-1] = 0  # one ends with EOS
-    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), 1e-4)
-    loss, seq_lps = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext())
+    adv = advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    done = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext())
+    loss, seq_lps = done.loss, done.seq_log_probs
     accumulated = _grads(model)
 
     # reference: one padded batch, full log-softmax, one backward of -(1/G) sum_i A_i * s_i
@@ -172,7 +177,7 @@ def test_zero_variance_group_takes_the_same_step_as_computed_zero_gradients(tiny
     prompt, responses = torch.tensor([4, 5, 6]), [torch.tensor([7, 8]), torch.tensor([9, 0])]
 
     # a first step with a real gradient, so that AdamW has momentum to carry
-    adv = T.compute_advantages(torch.tensor([1.0, 0.0]), 1e-4)
+    adv = advantages(torch.tensor([1.0, 0.0]))
     T.accumulate_policy_gradient(model, params, prompt, responses, adv, 2, T.nullcontext())
     for p, q in zip(params, twin):
         q.grad = p.grad.clone()
@@ -180,8 +185,10 @@ def test_zero_variance_group_takes_the_same_step_as_computed_zero_gradients(tiny
     T.optimizer_step(twin, opt_twin, 1.0)
 
     # zero variance: the product skips the passes; the twin computes the zero gradient
-    zero_adv = T.compute_advantages(torch.tensor([0.0, 0.0]), 1e-4)
-    loss, seq_lps = T.accumulate_policy_gradient(model, params, prompt, responses, zero_adv, 2, T.nullcontext())
+    zero_adv = advantages(torch.tensor([0.0, 0.0]))
+    done = T.accumulate_policy_gradient(model, params, prompt, responses, zero_adv, 2, T.nullcontext(),
+                                        zero_variance=True)
+    loss, seq_lps = done.loss, done.seq_log_probs
     assert loss == 0.0 and seq_lps == [None, None]
     assert all(p.grad is not None and not p.grad.any() for p in params)
     for q in twin:
@@ -234,7 +241,7 @@ def test_the_sign_is_right_reward_rises_and_falls_with_flipped_advantages(tiny_m
         responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, step, range(8), "cpu"),
                                            T.nullcontext())
         rewards = torch.tensor([float(r[0] % 2 == 0) for r in responses])
-        adv = sign * T.compute_advantages(rewards, 1e-4)
+        adv = sign * advantages(rewards)
         T.accumulate_policy_gradient(model, params, prompt, responses, adv, 8, T.nullcontext())
         T.optimizer_step(params, opt, 1.0)
     end = _prob_even(model, prompt)
@@ -337,7 +344,7 @@ def test_temperature_1e_38_gives_the_greedy_rollouts(tiny_model):
     cfg = T.Config(group_size=3, max_new_tokens=8, temperature=1e-38, top_p=0.9, device="cpu", compile="false")
     responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, 1, range(3), "cpu"),
                                        T.nullcontext())
-    greedy, _ = T.decode(model, [prompt], 8, -1, T.greedy_pick, T.nullcontext(), compiled=False)
+    greedy, _ = T.decode(model, [prompt], 8, -1, T.greedy_pick, T.nullcontext())
     assert [r.tolist() for r in responses] == [greedy[0].tolist()] * 3
 
 
@@ -706,19 +713,19 @@ def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_fi
     real, compared = T.accumulate_policy_gradient, []
 
     def against_float32(model, params, prompt, responses, adv, group_size, amp, batch_size=1, divisors=None,
-                        terms=None):
-        assert terms is None  # the spec's step
+                        terms=None, zero_variance=False):
+        assert terms.kl_coef == 0 and terms.old is None and terms.masked is None  # the spec's step
         twin = copy.deepcopy(model).float()
-        loss, lps = real(model, params, prompt, responses, adv, group_size, amp, batch_size, divisors)
-        ref_loss, ref_lps = real(twin, list(twin.parameters()), prompt, responses, adv.float(), group_size,
-                                 T.nullcontext(), batch_size, divisors)
-        assert loss == pytest.approx(ref_loss, rel=1e-3, abs=5e-3)
-        assert lps == pytest.approx(ref_lps, rel=1e-4, abs=5e-3)
+        done = real(model, params, prompt, responses, adv, group_size, amp, batch_size, divisors, terms, zero_variance)
+        ref = real(twin, list(twin.parameters()), prompt, responses, adv.float(), group_size, T.nullcontext(),
+                   batch_size, divisors, terms, zero_variance)
+        assert done.loss == pytest.approx(ref.loss, rel=1e-3, abs=5e-3)
+        assert done.seq_log_probs == pytest.approx(ref.seq_log_probs, rel=1e-4, abs=5e-3)
         grad = torch.cat([p.grad.float().flatten() for p in params])
-        ref = torch.cat([p.grad.flatten() for p in twin.parameters()])
-        assert (grad - ref).norm() <= 0.05 * ref.norm()
-        compared.append(ref.norm().item())
-        return loss, lps
+        ref_grad = torch.cat([p.grad.flatten() for p in twin.parameters()])
+        assert (grad - ref_grad).norm() <= 0.05 * ref_grad.norm()
+        compared.append(ref_grad.norm().item())
+        return done
     monkeypatch.setattr(T, "accumulate_policy_gradient", against_float32)
     out = tmp_path / "run"
     stdout = _run(tiny_model_dir, tiny_data_file, out, capsys, "num_problems=2", f"precision={precision}",

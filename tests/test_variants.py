@@ -16,13 +16,18 @@ from conftest import ROOT
 # advantage_std
 
 
+def advantages(rewards, std_eps=1e-4, advantage_std="group"):
+    """compute_advantages with the zero-variance flag decided as score_group decides it (equal_rewards)."""
+    return T.compute_advantages(rewards, std_eps, advantage_std, zero_variance=T.equal_rewards(rewards))
+
+
 def test_advantage_std_none_is_reward_minus_mean_and_group_is_the_spec():
     r = torch.tensor([1.5, 0.5, 0.5, 0.0])  # mean 0.625, sample std sqrt(1.1875 / 3)
-    assert T.compute_advantages(r, 1e-4, "none").tolist() == [0.875, -0.125, -0.125, -0.625]
+    assert advantages(r, 1e-4, "none").tolist() == [0.875, -0.125, -0.125, -0.625]
     std = (1.1875 / 3) ** 0.5
-    assert T.compute_advantages(r, 1e-4, "group").tolist() == pytest.approx(
+    assert advantages(r, 1e-4, "group").tolist() == pytest.approx(
         [0.875 / (std + 1e-4), -0.125 / (std + 1e-4), -0.125 / (std + 1e-4), -0.625 / (std + 1e-4)], rel=1e-6)
-    assert torch.equal(T.compute_advantages(r, 1e-4), T.compute_advantages(r, 1e-4, "group"))
+    assert torch.equal(advantages(r, 1e-4), advantages(r, 1e-4, "group"))
 
 
 def test_advantage_std_none_reaches_the_runs_advantages_and_loss(tmp_path):
@@ -44,7 +49,7 @@ def test_advantage_std_none_reaches_the_runs_advantages_and_loss(tmp_path):
 @pytest.mark.parametrize("mode", ["group", "none"])
 def test_equal_rewards_that_float32_cannot_average_exactly_give_zero_advantages(mode):
     r = torch.full((8,), 0.1)  # 8 x 0.1 has a float32 mean that is not 0.1 exactly
-    assert torch.equal(T.compute_advantages(r, 1e-4, mode), torch.zeros(8))
+    assert torch.equal(advantages(r, 1e-4, mode), torch.zeros(8))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -89,9 +94,10 @@ def test_each_aggregation_gives_the_hand_computed_loss_and_gradient(tiny_model, 
     model, _ = tiny_model
     params = list(model.parameters())
     prompt, responses = _group()
-    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), 1e-4)
+    adv = advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
     divisors = T.loss_divisors(aggregation, [len(r) for r in responses], MAX_NEW)
-    loss, _ = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), batch, divisors)
+    done = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), batch, divisors)
+    loss, _ = done.loss, done.seq_log_probs
     got = [p.grad.clone() for p in params]
     model.zero_grad(set_to_none=True)
     ref = _by_hand_loss(model, prompt, responses, adv, aggregation)
@@ -112,7 +118,7 @@ def _clipped_step(model_dir, aggregation, max_grad_norm):
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-2)
     prompt, responses = _group()
-    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), 1e-4)
+    adv = advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
     divisors = T.loss_divisors(aggregation, [len(r) for r in responses], MAX_NEW)
     T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), 1, divisors)
     grad_norm, _ = T.optimizer_step(params, opt, max_grad_norm)
@@ -157,14 +163,14 @@ def test_zero_variance_skip_leaves_weights_and_adamw_untouched_step_moves_them(t
     model, _ = tiny_model
     t = _trainer(model, mode)
     prompt, responses = _group()
-    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), 1e-4)
+    adv = advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
     T.accumulate_policy_gradient(model, t.params, prompt, responses, adv, 4, T.nullcontext())
-    assert T.step_or_skip(adv, 0.0, t)[1] > 0  # a group with variance steps in both modes
+    assert T.step_or_skip(SimpleNamespace(zero_variance=False), 0.0, t)[1] > 0  # a group with variance steps in both modes
     weights = [p.detach().clone() for p in t.params]
     state = {k: v.clone() for k, v in t.optimizer.state[t.params[0]].items()}
-    zero = T.compute_advantages(torch.ones(4), 1e-4)
-    T.accumulate_policy_gradient(model, t.params, prompt, responses, zero, 4, T.nullcontext())
-    grad_norm, moved = T.step_or_skip(zero, 0.0, t)
+    zero = advantages(torch.ones(4))
+    T.accumulate_policy_gradient(model, t.params, prompt, responses, zero, 4, T.nullcontext(), zero_variance=True)
+    grad_norm, moved = T.step_or_skip(SimpleNamespace(zero_variance=True), 0.0, t)
     after = t.optimizer.state[t.params[0]]
     assert grad_norm == 0.0
     if mode == "skip":
@@ -200,9 +206,9 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     responses = [torch.tensor(tokenizer.encode(x)) for x in "abcd"]
     group = T.score_group(1, responses, [False, False, False, True], "2", t)  # d was cut at the limit
     assert group.rewards.tolist() == [1.5, 0.5, 0.0, 0.0]
-    adv = T.compute_advantages(group.rewards, cfg.std_eps)
-    metrics, rollouts = T.step_report(1, {"index": 0}, cfg, group, adv, [None] * 4, [ONE_EPOCH],
-                                      T.Stopwatch(torch.device("cpu")))
+    adv = T.compute_advantages(group.rewards, cfg.std_eps, zero_variance=group.zero_variance)
+    record = T.step_report(1, {"index": 0}, cfg, group, adv, [None] * 4, [ONE_EPOCH], T.Stopwatch(torch.device("cpu")))
+    metrics, rollouts = record.metrics, record.rollouts
     assert metrics["correct"] == 1 and metrics["reward_mean"] == 0.5
     assert [r["reward"] for r in rollouts] == [1.5, 0.5, 0.0, 0.0]
     # eight formatted wrong answers at w = 0.1: equal rewards whose float32 std is 8e-9, not 0
@@ -210,10 +216,10 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     cfg = T.Config(group_size=8, format_reward=0.1)
     t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg)
     group = T.score_group(2, [torch.tensor(tokenizer.encode(x)) for x in "abcdefgh"], [False] * 8, "2", t)
-    adv = T.compute_advantages(group.rewards, cfg.std_eps)
-    metrics, _ = T.step_report(2, {"index": 1}, cfg, group, adv, [None] * 8, [ONE_EPOCH],
-                               T.Stopwatch(torch.device("cpu")))
-    assert group.rewards.std().item() > 0 and not adv.any() and metrics["reward_std"] == 0.0  # a zero-variance group
+    adv = T.compute_advantages(group.rewards, cfg.std_eps, zero_variance=group.zero_variance)
+    metrics = T.step_report(2, {"index": 1}, cfg, group, adv, [None] * 8, [ONE_EPOCH],
+                            T.Stopwatch(torch.device("cpu"))).metrics
+    assert group.zero_variance and group.rewards.std().item() > 0 and not adv.any() and metrics["reward_std"] == 0.0  # a zero-variance group
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,10 +332,11 @@ def test_the_kl_term_gives_the_hand_computed_loss_and_gradient(tiny_model, aggre
     prompt, responses = _group()
     divisors = T.loss_divisors(aggregation, [len(r) for r in responses], MAX_NEW)
     for rewards in ([1.0, 0.0, 1.0, 0.0], [1.0] * 4):
-        adv = T.compute_advantages(torch.tensor(rewards), 1e-4)
-        terms = T.LossTerms(reference=ref, kl_coef=beta)
-        loss, _ = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), 1,
-                                               divisors, terms)
+        adv = advantages(torch.tensor(rewards))
+        terms = T.LossTerms(divisors, reference=ref, kl_coef=beta)
+        done = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), 1,
+                                            divisors, terms, zero_variance=len(set(rewards)) == 1)
+        loss = done.loss
         got = _flat([p.grad.clone() for p in params])
         model.zero_grad(set_to_none=True)
         by_hand, kl_sum = [], 0.0
@@ -343,7 +350,7 @@ def test_the_kl_term_gives_the_hand_computed_loss_and_gradient(tiny_model, aggre
         want = _flat([p.grad for p in params])
         assert loss == pytest.approx(ref_loss.item(), rel=1e-5, abs=1e-6)
         assert (got - want).norm() <= 1e-5 * want.norm() and want.norm() > 0
-        assert T.pass_sums(terms)[0] == pytest.approx(kl_sum, rel=1e-5) and kl_sum > 0
+        assert done.kl == pytest.approx(kl_sum, rel=1e-5) and kl_sum > 0
         model.zero_grad(set_to_none=True)
 
 
@@ -360,13 +367,16 @@ def test_the_kl_and_clipped_figures_are_means_over_the_groups_tokens(tiny_model)
     model, _ = tiny_model
     prompt, responses = _group()
     lengths = [len(r) for r in responses]
-    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), 1e-4)
+    adv = advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
     ref = _perturbed_copy(model)
     with torch.no_grad():
         k3 = [torch.exp(q - l) - (q - l) - 1 for q, l in
               ((_token_lps(ref, prompt, r), _token_lps(model, prompt, r)) for r in responses)]
     want = sum(k.sum().item() for k in k3) / 16
-    measured = T.backpropagate_group(1, prompt, responses, adv, lengths, _pass_trainer(model, ref, kl_coef=0.3))[2]
+    group = T.Group([""] * 4, [(0.0, None, "wrong")] * 4, lengths, [False] * 4, torch.tensor([1.0, 0.0, 1.0, 0.0]),
+                    False)
+    t = _pass_trainer(model, ref, kl_coef=0.3)
+    measured = T.epoch_figures(1, T.backpropagate_group(1, prompt, responses, group, adv, t), 0.0, 0.0, group, t.cfg)
     assert measured["kl"] == pytest.approx(want, rel=1e-5) and want > 0
     model.zero_grad(set_to_none=True)
     old_model = _perturbed_copy(model, scale=0.02)  # a first pass a step away: some ratios leave [0.8, 1.2]
@@ -374,7 +384,9 @@ def test_the_kl_and_clipped_figures_are_means_over_the_groups_tokens(tiny_model)
         old = [_token_lps(old_model, prompt, r) for r in responses]
         rho = [torch.exp(_token_lps(model, prompt, r) - o) for r, o in zip(responses, old)]
     held = sum(int((((p < 0.8) & (a < 0)) | ((p > 1.2) & (a > 0))).sum()) for p, a in zip(rho, adv))
-    measured = T.backpropagate_group(1, prompt, responses, adv, lengths, _pass_trainer(model, ppo_epochs=2), old)[2]
+    t = _pass_trainer(model, ppo_epochs=2)
+    measured = T.epoch_figures(2, T.backpropagate_group(1, prompt, responses, group, adv, t, old), 0.0, 0.0, group,
+                               t.cfg)
     assert 0 < held < 16 and measured["clipped_fraction"] == held / 16
     model.zero_grad(set_to_none=True)
 
@@ -422,13 +434,14 @@ def test_a_later_epoch_gives_the_hand_computed_clipped_loss_and_gradient(tiny_mo
     model, _ = tiny_model
     params = list(model.parameters())
     prompt, responses = _group()
-    adv = T.compute_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), 1e-4)
+    adv = advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
     divisors = T.loss_divisors("sequence_sum", [len(r) for r in responses], MAX_NEW)
     old_model = _perturbed_copy(model, scale=0.02)  # the first pass's model, a step away
     old = [_token_lps(old_model, prompt, r).detach() for r in responses]
-    terms = T.LossTerms(old=old, clip_eps=0.2)
-    loss, _ = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), 1, divisors,
-                                           terms)
+    terms = T.LossTerms(divisors, old=old, clip_low=0.2, clip_high=0.2)
+    done = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), 1, divisors,
+                                        terms)
+    loss = done.loss
     got = _flat([p.grad.clone() for p in params])
     model.zero_grad(set_to_none=True)
     by_hand, held = [], 0
@@ -441,7 +454,7 @@ def test_a_later_epoch_gives_the_hand_computed_clipped_loss_and_gradient(tiny_mo
     want = _flat([p.grad for p in params])
     assert loss == pytest.approx(ref.item(), rel=1e-5, abs=1e-6)
     assert (got - want).norm() <= 1e-5 * want.norm() and want.norm() > 0
-    assert T.pass_sums(terms)[1] == held and 0 < held < sum(len(r) for r in responses)  # some tokens clipped
+    assert done.clipped == held and 0 < held < sum(len(r) for r in responses)  # some tokens clipped
 
 
 def test_ppo_epochs_takes_that_many_steps_per_group_the_first_being_the_spec_step(tmp_path, monkeypatch):
@@ -451,7 +464,7 @@ def test_ppo_epochs_takes_that_many_steps_per_group_the_first_being_the_spec_ste
 
     olds, real = [], T.clipped_objective
     monkeypatch.setattr(T, "clipped_objective",
-                        lambda a, l, old, eps: olds.append(old.sum().item()) or real(a, l, old, eps))
+                        lambda a, l, old, low, high: olds.append(old.sum().item()) or real(a, l, old, low, high))
     run = default_run.default_run(tmp_path, ["ppo_epochs=3", "clip_eps=0.1", "num_problems=2", "save_every=1"])
     first_pass = [json.loads(l)["sequence_log_prob"]
                   for l in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
@@ -735,3 +748,173 @@ def test_the_variants_figures_reach_the_trackers_under_trls_names():
     assert (scalars["kl"], scalars["clip_ratio/region_mean"], scalars["problems_drawn"]) == (0.003, 0.125, 2)
     plain = {k: v for k, v in m.items() if k not in ("kl", "clipped_fraction", "problems_drawn", "epochs")}
     assert not {"kl", "clip_ratio/region_mean", "problems_drawn"} & set(T.step_scalars(plain, [plain]))
+
+
+# ----------------------------------------------------------------------------------------------
+# clip_eps_high (DAPO's clip-higher), mask_truncated_completions (TRL's)
+
+
+def test_clip_higher_worked_numbers():
+    old = torch.zeros(3)
+    l = torch.log(torch.tensor([1.25, 0.7, 1.1])).requires_grad_(True)
+    # A = 1, range [0.8, 1.28]: 1.25 is inside, so min(1.25, 1.25) + min(0.7, 0.8) + min(1.1, 1.1) = 3.05;
+    # nothing held (0.7 < 0.8 is on the side A > 0 does not push to)
+    obj, held = T.clipped_objective(torch.tensor(1.0), l, old, 0.2, 0.28)
+    assert obj.item() == pytest.approx(3.05, abs=1e-6) and held.item() == 0
+    obj.backward()
+    # d/dl of rho A = rho A for every token: 1.25, 0.7, 1.1
+    assert l.grad.tolist() == pytest.approx([1.25, 0.7, 1.1], abs=1e-6)
+    l.grad = None
+    # the symmetric clip [0.8, 1.2] (clip_eps_high's default 0 means clip_eps): 1.25 clipped to 1.2,
+    # 1.2 + 0.7 + 1.1 = 3.0, the first token held (ratio > 1.2, A > 0): gradient 0 there
+    obj, held = T.clipped_objective(torch.tensor(1.0), l, old, 0.2)
+    assert obj.item() == pytest.approx(3.0, abs=1e-6) and held.item() == 1
+    obj.backward()
+    assert l.grad.tolist() == pytest.approx([0.0, 0.7, 1.1], abs=1e-6)
+    # the low side stays clip_eps whatever eps_high is: A = -1, min(-1.25, -1.25) + min(-0.7, -0.8)
+    # + min(-1.1, -1.1) = -3.15, the second token held (ratio 0.7 < 0.8, A < 0)
+    obj, held = T.clipped_objective(torch.tensor(-1.0), l.detach(), old, 0.2, 0.28)
+    assert obj.item() == pytest.approx(-3.15, abs=1e-6) and held.item() == 1
+    # above 1 + eps_high the clip holds again: ratio 1.5, A = 2, eps_high 0.28: min(3.0, 2.56) = 2.56
+    obj, held = T.clipped_objective(torch.tensor(2.0), torch.log(torch.tensor([1.5])), torch.zeros(1), 0.2, 0.28)
+    assert obj.item() == pytest.approx(2.56, abs=1e-6) and held.item() == 1
+
+
+def _group_of(tokens, cut):
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    return T.Group(["x"] * 4, [(1.0, "1", "correct")] * 4, tokens, cut, rewards, T.equal_rewards(rewards))
+
+
+def test_loss_terms_carry_the_settings_clip_range_and_mask(tiny_model):
+    model, _ = tiny_model
+    group = _group_of([3, 6, 2, 4], [False, True, False, False])
+    # the defaults: the symmetric clip, no mask, every response's tokens counted (token_mean: 3 + 6 + 2 + 4)
+    terms = T.loss_terms(_pass_trainer(model, ppo_epochs=2), group, None, range(4))
+    assert (terms.clip_low, terms.clip_high, terms.masked, terms.divisors) == (0.2, 0.2, None, [4, 4, 4, 4])
+    terms = T.loss_terms(_pass_trainer(model, loss_aggregation="token_mean"), group, None, range(4))
+    assert (terms.masked, terms.divisors) == (None, [15, 15, 15, 15])
+    t = _pass_trainer(model, ppo_epochs=2, clip_eps=0.1, clip_eps_high=0.28, mask_truncated_completions=True,
+                      loss_aggregation="token_mean")
+    terms = T.loss_terms(t, group, None, range(4))
+    # token_mean over the responses left: 3 + 2 + 4 = 9 tokens, not 15
+    assert (terms.clip_low, terms.clip_high, terms.masked, terms.divisors) == (
+        0.1, 0.28, [False, True, False, False], [9, 9, 9, 9])
+    assert T.loss_terms(t, group, None, range(2, 4)).masked == [False, False]  # this rank's share
+    # the other aggregations keep their divisors: sequence_sum's G = 4 counts responses, not tokens
+    t = _pass_trainer(model, mask_truncated_completions=True)
+    assert T.loss_terms(t, group, None, range(4)).divisors == [4, 4, 4, 4]
+    # nothing cut: nothing masked
+    assert T.loss_terms(t, _group_of([3, 6, 2, 4], [False] * 4), None, range(4)).masked is None
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_mask_truncated_completions_drops_the_cut_responses_terms(tiny_model, batch):
+    """Response 1 is cut at the limit: with the mask the loss is -(A_0 s_0 + A_2 s_2 + A_3 s_3) / 4 and
+    the gradient that of those three terms alone; its sequence log-prob is still measured. batch 3
+    puts the masked response in one forward with two kept ones."""
+    model, _ = tiny_model
+    params = list(model.parameters())
+    prompt, responses = _group()
+    adv = advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]))  # A = 0.866, 0.866, -0.866, -0.866
+    terms = T.LossTerms([4] * 4, masked=[False, True, False, False])
+    done = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), batch, terms=terms)
+    got = _flat([p.grad.clone() for p in params])
+    model.zero_grad(set_to_none=True)
+    s = [_token_lps(model, prompt, r).sum() for r in responses]
+    want_loss = -sum(adv[i] * s[i] for i in (0, 2, 3)) / 4
+    want_loss.backward()
+    want = _flat([p.grad for p in params])
+    assert done.loss == pytest.approx(want_loss.item(), rel=1e-5, abs=1e-6)
+    assert done.seq_log_probs == pytest.approx([x.item() for x in s], rel=1e-5)
+    assert (got - want).norm() <= 1e-5 * want.norm() and want.norm() > 0
+    model.zero_grad(set_to_none=True)
+    unmasked = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), batch)
+    # response 1's term -A_1 s_1 / 4 is what the mask took out (A_1 > 0, s_1 < 0: far from rounding)
+    assert unmasked.loss - done.loss == pytest.approx(-(adv[1] * s[1]).item() / 4, rel=1e-5)
+    assert abs(adv[1] * s[1]).item() / 4 > 1
+    model.zero_grad(set_to_none=True)
+
+
+def test_a_masked_response_adds_no_kl_and_the_kl_figure_counts_kept_tokens(tiny_model):
+    """kl_coef 0.3, token_mean, response 1 (7 tokens) and response 3 (5) cut: the loss is
+    sum over i in {0, 2} of (-A_i sum_t l_it + 0.3 sum_t k3_it) / 4 (3 + 1 tokens kept), the Pass's KL
+    the kept responses' k3 alone, and the table's kl that sum over those 4 tokens."""
+    model, _ = tiny_model
+    params, ref, beta = list(model.parameters()), _perturbed_copy(model), 0.3
+    prompt, responses = _group()
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    adv = advantages(rewards)
+    group = T.Group([""] * 4, [(0.0, None, "wrong")] * 4, list(LENGTHS), [False, True, False, True], rewards, False)
+    t = _pass_trainer(model, ref, kl_coef=beta, loss_aggregation="token_mean", mask_truncated_completions=True)
+    done = T.backpropagate_group(1, prompt, responses, group, adv, t)
+    figures = T.epoch_figures(1, done, 0.0, 0.0, group, t.cfg)
+    got = _flat([p.grad.clone() for p in params])
+    model.zero_grad(set_to_none=True)
+    by_hand, kl_sum = [], 0.0
+    for i in (0, 2):
+        l, q = _token_lps(model, prompt, responses[i]), _token_lps(ref, prompt, responses[i]).detach()
+        k3 = torch.exp(q - l) - (q - l) - 1
+        kl_sum += k3.sum().item()
+        by_hand.append((-adv[i] * l.sum() + beta * k3.sum()) / 4)
+    want_loss = torch.stack(by_hand).sum()
+    want_loss.backward()
+    want = _flat([p.grad for p in params])
+    assert done.loss == pytest.approx(want_loss.item(), rel=1e-5, abs=1e-6)
+    assert (got - want).norm() <= 1e-5 * want.norm() and want.norm() > 0
+    assert done.kl == pytest.approx(kl_sum, rel=1e-5) and kl_sum > 0
+    assert figures["kl"] == pytest.approx(kl_sum / 4, rel=1e-5)
+    model.zero_grad(set_to_none=True)
+
+
+def test_mask_truncated_completions_reaches_the_runs_loss(tmp_path):
+    """The default run's step 1 (tests/fixtures/default-run): rollouts 0, 2, 3 are cut at 6 tokens,
+    rollout 1 ends with EOS. With the mask the step's loss is rollout 1's term alone, -A_1 s_1 / 4
+    (sequence_sum's G = 4 stays), with s_1 the sequence log-prob rollouts.jsonl records."""
+    import default_run
+
+    default_run.default_run(tmp_path, ["mask_truncated_completions=true", "num_problems=1"])
+    rollouts = [json.loads(l) for l in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["cut_at_limit"] for r in rollouts] == [True, False, True, True]
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
+    a, s = rollouts[1]["advantage"], rollouts[1]["sequence_log_prob"]
+    assert metrics["policy_loss"] == pytest.approx(-a * s / 4, rel=1e-5) and abs(a * s) > 1e-3
+
+
+def test_the_new_settings_at_their_defaults_change_nothing(tmp_path):
+    """clip_eps_high equal to clip_eps is the default's symmetric clip; under ppo_epochs=2 (where the
+    clip acts) both runs give the same table and weights bit for bit; so does mask_truncated_completions
+    written out as false."""
+    import default_run
+
+    plain = default_run.default_run(tmp_path / "plain", ["num_problems=1", "ppo_epochs=2"])
+    same = default_run.default_run(tmp_path / "same", ["num_problems=1", "ppo_epochs=2", "clip_eps_high=0.2",
+                                                       "mask_truncated_completions=false"])
+    assert len(plain["table"]) == 2 and same["table"] == plain["table"]
+    assert same["weights"] == plain["weights"] and same["rollouts"] == plain["rollouts"]
+
+
+@pytest.mark.parametrize("arg, fragment", [
+    ("clip_eps_high=-1", "config key 'clip_eps_high' must be 0 (equal to clip_eps) or a number in (0, 10] "
+                         "(DAPO: 0.28), got -1.0"),
+    ("mask_truncated_completions=maybe", "config key 'mask_truncated_completions' must be bool, got 'maybe'"),
+])
+def test_bad_clip_higher_and_mask_settings_are_one_line_and_exit_2(tiny_model_dir, tiny_data_file, tmp_path, capsys,
+                                                                  arg, fragment):
+    code = T.main(["--config", str(ROOT / "config.yaml"), f"model={tiny_model_dir}", f"dataset={tiny_data_file}",
+                   "device=cpu", f"output_dir={tmp_path / 'run'}", arg])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_kl_and_clipped_figures_count_only_the_tokens_the_loss_keeps():
+    """epoch_figures: with mask_truncated_completions the per-token means divide by the kept
+    responses' tokens (4 + 5 = 9 here), as the loss does; without it by all 14."""
+    group = T.Group([""] * 4, [(0.0, None, "wrong")] * 4, [4, 2, 5, 3], [False, True, False, True],
+                    torch.tensor([1.0, 0.0, 1.0, 0.0]), False)
+    done = T.Pass(loss=0.5, seq_log_probs=[0.0] * 4, kl=1.8, clipped=3.0)
+    for mask, tokens in ((True, 9), (False, 14)):
+        cfg = T.Config(group_size=4, kl_coef=0.1, ppo_epochs=2, mask_truncated_completions=mask)
+        figures = T.epoch_figures(2, done, 1.0, 0.1, group, cfg)
+        assert figures["kl"] == 1.8 / tokens and figures["clipped_fraction"] == 3.0 / tokens
+        assert (figures["epoch"], figures["policy_loss"], figures["grad_norm"], figures["update_norm"]) == (2, 0.5, 1.0, 0.1)

@@ -339,3 +339,31 @@ def test_the_trackers_leave_stdout_to_the_table(tiny_model_dir, tiny_data_file, 
     assert lines[3].startswith("correct rollouts") and lines[-1].startswith("total time") and len(lines) == 10
     assert "Trackio" in proc.stderr
     assert "\x1b[" not in proc.stderr  # trackio's terminal colours, left out of a stderr that is no terminal
+
+
+
+@pytest.mark.parametrize("users", [False, True])
+def test_wandb_takes_the_users_project_and_dir_else_rlvr_and_output_dir(tmp_path, monkeypatch, users):
+    """wandb.init's project and dir: WANDB_PROJECT and WANDB_DIR when set (wandb's own convention), else
+    project rlvr and output_dir (wandb writes its wandb/ folder there). A stand-in wandb records the call."""
+    import sys
+    import types
+
+    calls = []
+    fake = types.ModuleType("wandb")
+    fake.Settings = lambda **kwargs: kwargs
+    fake.init = lambda **kwargs: calls.append(kwargs) or types.SimpleNamespace(id="run-id")
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for key in ("WANDB_PROJECT", "WANDB_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    if users:
+        monkeypatch.setenv("WANDB_PROJECT", "my-project")
+        monkeypatch.setenv("WANDB_DIR", str(tmp_path / "my-wandb"))
+    out = tmp_path / "run"
+    w = T.open_watch(T.Config(report_to="wandb", output_dir=str(out)), out, 0, 3, None)
+    w.bar.close()
+    assert len(calls) == 1 and w.wandb.id == "run-id"
+    want = ("my-project", str(tmp_path / "my-wandb")) if users else ("rlvr", str(out))
+    assert (calls[0]["project"], calls[0]["dir"]) == want
+    assert calls[0]["id"] is None and calls[0]["resume"] is None  # a fresh run: no id to continue
+    assert calls[0]["settings"] == {"console": "off", "silent": True}  # wandb leaves stdout (the table) alone

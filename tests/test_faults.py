@@ -1,0 +1,209 @@
+"""Faults while running end in a known state, never a traceback or a lost step: a non-finite update
+undone with its AdamW state, NaN gradients and NaN scores stopping with a checkpoint, a full disk
+mid-checkpoint, a group too large for memory refused before step 1, a faulty compiled decoder
+replaced by eager decoding, and a refused torchrun start. CPU, tiny local model."""
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train_rlvr as T
+from conftest import ROOT
+from run_helpers import first_rollout_wins, make_finished_run, one_line_error, run_args, table_rows
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dir, tiny_data_file, tmp_path_factory):
+    return make_finished_run(tiny_model_dir, tiny_data_file, tmp_path_factory)
+
+
+# ----------------------------------------------------------------------------------------------
+# Non-finite numbers
+
+
+def _state(opt, params):
+    return {id(p): {k: (v.clone() if torch.is_tensor(v) else v) for k, v in opt.state[p].items()} for p in params}
+
+
+def test_a_step_that_makes_a_weight_non_finite_is_undone_with_its_adamw_state(tiny_model):
+    model, _ = tiny_model
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    _, moved = T.optimizer_step(params, opt, 1.0)
+    assert moved > 0
+    weights, state = [p.detach().clone() for p in params], _state(opt, params)
+    real_step = opt.step
+
+    def overflowing_step():  # the real AdamW step (it updates every state tensor), then a weight overflows
+        real_step()
+        with torch.no_grad():
+            params[3].view(-1)[0] = float("inf")
+    opt.step = overflowing_step
+    for p in params:
+        p.grad = torch.randn_like(p)
+    grad_norm, moved = T.optimizer_step(params, opt, 1.0)
+    assert moved is None and grad_norm > 0
+    assert all(torch.equal(p, w) for p, w in zip(params, weights))
+    after = _state(opt, params)
+    assert after.keys() == state.keys()
+    for key in state:
+        assert state[key].keys() == after[key].keys()
+        assert all(torch.equal(after[key][k], v) if torch.is_tensor(v) else after[key][k] == v
+                   for k, v in state[key].items())
+    fresh = torch.optim.AdamW(params, lr=1e-3)  # the run's first step undone: no state at all
+    fresh_step = fresh.step
+    fresh.step = lambda: (fresh_step(), params[0].data.view(-1).__setitem__(0, float("nan")))
+    assert T.optimizer_step(params, fresh, 1.0)[1] is None and len(fresh.state) == 0
+    assert all(torch.equal(p, w) for p, w in zip(params, weights))
+
+
+def test_a_huge_learning_rate_ends_the_run_with_a_checkpoint_and_no_traceback(tiny_model_dir, tiny_data_file,
+                                                                               tmp_path, capsys, monkeypatch):
+    """lr 1e30: the first update is real and finite (weights ~1e30), every later step's gradient is NaN
+    and skipped, until max_bad_steps stops the run with a checkpoint. Never inf, never an IndexError."""
+    first_rollout_wins(monkeypatch)
+    out = tmp_path / "run"
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "learning_rate=1e30", "max_bad_steps=2")) == 1
+    captured = capsys.readouterr()
+    rows = [line.split() for line in captured.out.splitlines()[1:]]
+    assert [r[7] for r in rows[1:]] == ["skipped", "skipped"] and float(rows[0][7]) > 1e30
+    assert "inf" not in captured.out and "Traceback" not in captured.err
+    assert "2 steps in a row had a non-finite loss, gradient norm or update (the last at step 3)" in captured.err
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000003"]
+
+
+def test_nan_scores_in_generation_stop_with_a_checkpoint_never_an_out_of_range_token(
+        tiny_model_dir, tiny_data_file, tmp_path, capsys, monkeypatch):
+    first_rollout_wins(monkeypatch)
+    real, calls = T.next_token_scores, {"n": 0}
+
+    def scores(model, ids, cache, name, **kw):  # from step 2 on, the weights give NaN scores
+        calls["n"] += 1
+        logits = real(model, ids, cache, name, **kw)
+        return logits * float("nan") if calls["n"] > 6 else logits
+    monkeypatch.setattr(T, "next_token_scores", scores)
+    out = tmp_path / "run"
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "max_new_tokens=6")) == 1
+    captured = capsys.readouterr()
+    assert "step 2: the model's next-token scores are NaN or infinite at new token 1" in captured.err
+    assert "IndexError" not in captured.err and "Traceback" not in captured.err
+    assert [c.name for c in T.list_checkpoints(out)] == ["step-000001"]
+    assert "checkpoint of step 1" in captured.err and "To continue" in captured.err
+
+
+# ----------------------------------------------------------------------------------------------
+# A full disk while writing a checkpoint
+
+
+def test_a_full_disk_keeps_the_steps_names_the_space_and_resumes(tiny_model_dir, tiny_data_file, tmp_path, capsys,
+                                                                  monkeypatch, finished_run):
+    first_rollout_wins(monkeypatch)
+    out = tmp_path / "run"
+    real_save, calls = T.torch.save, {"n": 0}
+
+    def save(obj, path, *a, **k):
+        if str(path).endswith("optimizer.pt"):
+            calls["n"] += 1
+            if calls["n"] == 2:  # the second checkpoint: the disk fills up mid-write
+                monkeypatch.setattr(T.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
+                raise RuntimeError("unexpected pos 5952 vs 5844")
+        return real_save(obj, path, *a, **k)
+    monkeypatch.setattr(T.torch, "save", save)
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "save_every=1", "keep_last=3")) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"no space left in \S+checkpoints: a checkpoint needs about [0-9.]+ kB and 4\.1 kB are free", err)
+    assert "the last checkpoint is step 1; metrics.jsonl and rollouts.jsonl keep steps 1-2" in err
+    assert "To continue: python train_rlvr.py" in err and "resume=auto" in err
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000001"]  # no temporary folder left
+    assert T.verify_checkpoint(out / "checkpoints" / "step-000001") is None
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    monkeypatch.undo()
+    first_rollout_wins(monkeypatch)
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "save_every=1", "keep_last=3", "resume=auto")) == 0
+    assert table_rows(capsys.readouterr().out) == finished_run[1]
+
+
+def test_too_little_free_space_is_found_before_writing(tiny_model, tmp_path):
+    model, _ = tiny_model
+    opt = torch.optim.AdamW(model.parameters())
+    out = tmp_path
+    for name in T.LOG_FILES:
+        (out / name).write_text("")
+    import unittest.mock as mock
+
+    with mock.patch.object(T.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6, 1000)):
+        with pytest.raises(T.StopRun, match=r"no space left in .*a checkpoint needs about [0-9.]+ kB and 1\.0 kB are free"):
+            T.save_checkpoint(out, 1, model, opt, T.Config(), None)
+    assert not any((out / "checkpoints").iterdir())
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory, the compiled decoder and torchrun
+
+
+def test_a_group_that_cannot_be_allocated_is_refused_before_step_1(tmp_path, capsys, tiny_model_dir,
+                                                                    tiny_data_file, monkeypatch):
+    monkeypatch.setattr(T, "available_memory", lambda device: 10**6)
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, tmp_path / "o", "group_size=512")) == 2
+    one_line_error(capsys, "group_size 512 with max_new_tokens 6 needs at least", "GB are available; lower group_size")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("fault", ["nan", "offset"])
+def test_a_faulty_compiled_decoder_falls_back_to_eager_with_the_difference(tiny_model, monkeypatch, capsys, fault):
+    """A compiled step off by 0.5 (a real compile) or giving NaN (no compile needed: NaN is no
+    difference within the tolerance, `not worst <= tol`) is thrown away at the check, and the
+    rollouts are eager's."""
+    if fault == "offset" and shutil.which("g++") is None:
+        pytest.skip("torch.compile on the CPU needs a C++ compiler (g++)")
+    model, _ = tiny_model
+    cfg = T.Config(group_size=2, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu", compile="false")
+    prompt = torch.tensor([5, 17, 33, 100, 7])
+
+    def rollouts(decoders=None):
+        responses, _ = T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, 1, range(2), "cpu"),
+                                           T.nullcontext(), decoders)
+        return [r.tolist() for r in responses]
+    eager = rollouts()
+    cfg.compile = "true"
+    decoders = T.Decoders()
+    decoder = decoders.get(model, T.nullcontext())
+    compiled = decoder.compiled_step
+    faulty = {"nan": lambda ids: decoder._forward(ids) * float("nan"), "offset": lambda ids: compiled(ids) + 0.5}
+    monkeypatch.setattr(decoder, "compiled_step", faulty[fault])  # the injected fault
+    assert rollouts(decoders) == eager
+    err = capsys.readouterr().err
+    difference = "nan" if fault == "nan" else r"0\.5\d* \(tolerance [0-9.e-]+ for logits up to [0-9.]+\)"
+    assert re.search(r"compiled decoding failed \(RuntimeError: its logits differ from eager decoding by "
+                     + difference + r".*; decoding eagerly", err), err
+    assert decoders.failed and not decoders.static  # the faulty decoder is thrown away
+    healthy_decoders = T.Decoders()
+    healthy = healthy_decoders.get(model, T.nullcontext())
+    assert rollouts(healthy_decoders) == eager  # an honest compile passes
+    assert healthy.checked and healthy_decoders.failed is None
+
+
+def test_a_torchrun_refusal_is_rlvrs_line_once_then_torchruns_summary_of_exit_2(tmp_path):
+    """torchrun (the parent) turns any failed worker into its own ChildFailedError and exit status 1;
+    the README's torchrun section says so. rlvr's line comes once (rank 0), and both workers exit 2."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "train_rlvr.py"), "--config", str(ROOT / "config.yaml"), "device=cpu", "group_size=3",
+           f"output_dir={tmp_path / 'o'}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    line = ("error: group_size 3 does not split over 2 processes; choose a group_size divisible by the number of "
+            "processes (nproc_per_node x nnodes)")
+    assert proc.returncode == 1 and proc.stderr.count(line) == 1, proc.stderr
+    assert "torch.distributed.elastic.multiprocessing.errors.ChildFailedError" in proc.stderr
+    root_cause = proc.stderr.split("Root Cause (first observed failure):")[1]
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: 2 ", root_cause), proc.stderr  # rank 0 said it
+    others = re.findall(r"rank\s+: 1 \(local_rank: 1\)\n\s+exitcode\s+: (\S+)", proc.stderr)
+    assert others in (["2"], ["-15"]), proc.stderr  # rank 1: exit 2 too, or torchrun's SIGTERM while it waited
+    torchrun = (ROOT / "docs" / "torchrun.md").read_text()
+    assert "exitcode  : 2" in torchrun and "ChildFailedError" in torchrun and "exits with status 1" in torchrun
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,133 @@
+"""The README's map of train_rlvr.py matches the file, and every relative link of the docs resolves.
+
+The map is a table (section | what lives there | lines A-B). A section of train_rlvr.py is a line
+`# ----...` followed by `# <Section name>`; it runs from that marker line to the line before the next
+marker (or the file's last line). After train_rlvr.py has moved, `python tests/test_readme.py`
+prints each section's lines as the file has them now; `--write` puts them into the README's map.
+"""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SOURCE = ROOT / "train_rlvr.py"
+MAP_HEADER = "| section | what lives there | lines |"
+
+
+def file_sections(source: Path = SOURCE) -> list[tuple[str, int, int]]:
+    """(name, first line, last line) of every section of the file, in file order, 1-based."""
+    lines = source.read_text(encoding="utf-8").splitlines()
+    starts = [(i + 1, lines[i + 1][2:].strip()) for i in range(len(lines) - 1)
+              if re.fullmatch(r"# -{10,}", lines[i]) and lines[i + 1].startswith("# ")]
+    ends = [start - 1 for start, _ in starts[1:]] + [len(lines)]
+    return [(name, start, end) for (start, name), end in zip(starts, ends)]
+
+
+def readme_map(readme: Path = README) -> list[tuple[str, list[str], int, int]]:
+    """(section, names in backticks of "what lives there", A, B) per row of the README's map table."""
+    text = readme.read_text(encoding="utf-8")
+    assert MAP_HEADER in text, f"README has no map table (a table headed {MAP_HEADER!r})"
+    rows = []
+    for line in text.split(MAP_HEADER, 1)[1].splitlines()[2:]:  # after the header and |---|
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        assert len(cells) == 3, f"README map: row {line!r} should have 3 cells"
+        span = re.fullmatch(r"(\d+)\s*-\s*(\d+)", cells[2])
+        assert span, f"README map: section {cells[0]}: lines cell {cells[2]!r} should read A-B"
+        rows.append((cells[0], re.findall(r"`([A-Za-z_][A-Za-z_0-9]*)`", cells[1]), int(span[1]), int(span[2])))
+    return rows
+
+
+def definitions(source: Path = SOURCE) -> dict[str, list[int]]:
+    """Line numbers of every `def NAME` / `class NAME` (methods too) of the file."""
+    found: dict[str, list[int]] = {}
+    for n, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
+        m = re.match(r"\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_][A-Za-z_0-9]*)", line)
+        if m:
+            found.setdefault(m[1], []).append(n)
+    return found
+
+
+def test_the_readme_map_lists_every_section_in_file_order():
+    in_file = [name for name, _, _ in file_sections()]
+    in_readme = [name for name, _, _, _ in readme_map()]
+    assert in_readme == in_file, (f"README map: the sections should be train_rlvr.py's, in file order:\n"
+                                  f"  train_rlvr.py: {in_file}\n  README:        {in_readme}")
+
+
+def test_the_readme_map_gives_each_sections_lines():
+    spans = {name: (start, end) for name, start, end in file_sections()}
+    wrong = [f"README map: section {name} is lines {spans[name][0]}-{spans[name][1]} in train_rlvr.py, "
+             f"README says {a}-{b}" for name, _, a, b in readme_map() if name in spans and spans[name] != (a, b)]
+    unknown = [f"README map: section {name} is not a section of train_rlvr.py" for name, _, _, _ in readme_map()
+               if name not in spans]
+    assert not wrong + unknown, "\n".join(wrong + unknown)
+
+
+def test_each_name_in_the_readme_map_is_defined_in_its_section():
+    defined = definitions()
+    problems = []
+    for section, names, a, b in readme_map():
+        assert names, f"README map: section {section} names no function or class"
+        for name in names:
+            where = defined.get(name, [])
+            if not any(a <= n <= b for n in where):
+                at = f"defined at line {', '.join(map(str, where))}" if where else "not defined in train_rlvr.py"
+                problems.append(f"README map: {name} (section {section}, lines {a}-{b}) is {at}")
+    assert not problems, "\n".join(problems)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    return {slug(m[1]) for m in re.finditer(r"^#{1,6}\s+(.*)$", text, re.M)}
+
+
+def test_every_relative_link_of_the_readme_and_docs_points_to_an_existing_file():
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)  # code is not links
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}: link {target!r}"
+            if not file.exists():
+                broken.append(f"{where} points to {file.relative_to(ROOT) if file.is_relative_to(ROOT) else file}, "
+                              f"which does not exist")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{where}: {file.name} has no heading with the anchor #{anchor}")
+    assert not broken, "\n".join(broken)
+
+
+def with_current_lines(text: str) -> str:
+    """The README text with each map row's lines cell set to its section's lines in train_rlvr.py."""
+    spans = {name: f"{start}-{end}" for name, start, end in file_sections()}
+    head, table = text.split(MAP_HEADER, 1)
+    rows = table.split("\n")
+    for k, line in enumerate(rows[2:], 2):
+        if not line.startswith("|"):
+            break
+        cells = line.strip().strip("|").split("|")
+        if cells[0].strip() in spans:
+            rows[k] = "|" + "|".join(cells[:-1] + [f" {spans[cells[0].strip()]} "]) + "|"
+    return head + MAP_HEADER + "\n".join(rows)
+
+
+if __name__ == "__main__":
+    import sys
+
+    for name, start, end in file_sections():
+        print(f"{name}: {start}-{end}")
+    if "--write" in sys.argv[1:]:
+        README.write_text(with_current_lines(README.read_text(encoding="utf-8")), encoding="utf-8")
+        print(f"wrote the lines into {README}")
