@@ -9,11 +9,10 @@ response at a time, clip the gradient and take one AdamW step. One table row per
 With eval_problems > 0 it also evaluates the model on MATH-500 (greedy by default) before step 1
 and after the last step, and prints a before/after table; num_problems=0 evaluates a model only.
 
-Read top to bottom: settings, data and prompt, the model, then the spec's moves in their order
-(rollouts, rewards, advantages, log-probabilities and loss, optimizer step), then the step and the
-loop that make them one run (train_step, run). Everything after run is machinery they call by name:
-logging and trackers, evaluation, checkpoints and the output folder, faults and signals, processes
-(torchrun), main.
+Read top to bottom: settings, data and prompt, the model, then the spec's moves in their order (rollouts,
+rewards, advantages, log-probabilities and loss, optimizer step), then the step and the loop (train_step,
+run). After run, the machinery they call by name: logging and trackers, evaluation, checkpoints and the
+output folder, faults and signals, processes (torchrun), main.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ import socket
 import sys
 import threading
 import time
-from contextlib import contextmanager, nullcontext, redirect_stdout
+from contextlib import contextmanager, nullcontext, redirect_stdout, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -63,10 +62,8 @@ SPEC_PROMPT = (
     "Answer the question and write the final result on a new line as:\n"
     "\\boxed{ANSWER}\n\nQuestion:\n{problem}\n\nAnswer:"
 )
-MATH_TRAIN_URL = (
-    "https://raw.githubusercontent.com/rasbt/math_full_minus_math500/"
-    "refs/heads/main/math_full_minus_math500.json"
-)
+MATH_TRAIN_URL = ("https://raw.githubusercontent.com/rasbt/math_full_minus_math500/"
+                  "refs/heads/main/math_full_minus_math500.json")
 PRECISIONS = ("auto", "fp32", "bf16-autocast", "bf16")
 ADVANTAGE_STDS = ("group", "none")                                            # see compute_advantages
 LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  # see loss_divisors
@@ -147,8 +144,7 @@ class UserError(Exception):
 
 
 def load_config(argv: list[str] | None = None) -> Config | Path:
-    """YAML file, then key=value overrides from the command line; every value typed and checked.
-    --plot FOLDER: that folder instead."""
+    """YAML file, then key=value overrides from the command line; every value typed and checked (--plot: its folder)."""
     parser = argparse.ArgumentParser(description="RLVR training: one AdamW step per problem.")
     parser.add_argument("--config", help="YAML file of settings (default: config.yaml)")
     parser.add_argument("--plot", metavar="FOLDER", help="draw FOLDER/run.png from a run's logs, and stop")
@@ -213,10 +209,8 @@ def _coerce(key: str, value, typ: type):
     if typ is bool and isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     if typ in (int, float) and isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
-        try:
+        with suppress(ValueError):
             return typ(value)
-        except ValueError:
-            pass
     if typ is str and (number or isinstance(value, bool)):  # a numeric revision; YAML reads compile: true as a bool
         return str(value).lower() if isinstance(value, bool) else str(value)
     raise UserError(f"config key '{key}' must be {typ.__name__}, got {value!r}")
@@ -719,12 +713,10 @@ def check_memory(cfg: Config, model, problems: list[dict], device: torch.device)
 def available_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
+    with suppress(OSError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    except OSError:
-        pass
     return 1 << 62  # unknown: do not refuse
 
 
@@ -757,8 +749,9 @@ def sample_group(step: int, draw: int, problem: dict, prompt_ids: torch.Tensor, 
     progress(f"[step {step}] generating {t.cfg.group_size} rollouts (problem {problem['index']})")
     with agreed("generation", step, rollouts=len(mine), prompt_tokens=len(prompt_ids), cfg=t.cfg), \
             full_weights(t.model):
-        return generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id, rollout_streams(t.cfg.seed, draw, mine, t.device),
-                                 autocast(t.device, t.precision), t.decoders)
+        streams = rollout_streams(t.cfg.seed, draw, mine, t.device)
+        return generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id, streams, autocast(t.device, t.precision),
+                                 t.decoders)
 
 
 @torch.no_grad()
@@ -1294,8 +1287,7 @@ class Group:
 
 
 def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answer: str, t: Trainer) -> Group:
-    """Score this rank's rollouts with the verifier; every rank receives the whole group (the
-    advantages standardize over all of it)."""
+    """Score this rank's rollouts; every rank receives the whole group (its advantages standardize over all of it)."""
     note(f"step {step}: rewards")
     texts = [t.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
     scored = score_rollouts(t.scorer, texts, answer)
@@ -1337,8 +1329,7 @@ def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str
       none  (Dr. GRPO):   A_i =  r_i - mean(r)
 
     A zero-variance group (the Group's flag, decided by equal_rewards when it was scored) has every advantage
-    exactly 0 (for rewards such as 8 x 0.1, whose float32 mean need not be 0.1 exactly, the formula
-    alone would leave a rounding residue)."""
+    exactly 0 (for 8 x 0.1, whose float32 mean need not be 0.1, the formula would leave a rounding residue)."""
     if zero_variance:
         return torch.zeros_like(rewards)
     if advantage_std == "none":
@@ -1555,8 +1546,7 @@ def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch
 
 
 def gathered_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] per position, in float32, as the gathered logit minus logsumexp:
-    no full-vocabulary log-softmax tensor is built."""
+    """log softmax(logits)[target] in float32: the gathered logit minus logsumexp (no full log-softmax tensor)."""
     logits = logits.float()
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
@@ -1621,8 +1611,7 @@ def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> floa
 
 
 def update_norm_across_devices(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
-    """update_norm for host buffers of CUDA weights, one tensor at a time (one temporary, not a model
-    copy): the same norms, bit for bit, as the in-place path."""
+    """update_norm for host buffers of CUDA weights, one tensor at a time: bit for bit the in-place path's norms."""
     return _combined_norm([torch._foreach_norm([w.float() - b.to(w.device, non_blocking=True)], 2,
                                                dtype=torch.float64)[0] for w, b in zip(weights, before)])
 
@@ -1707,7 +1696,8 @@ def train_step(step: int, candidates: list[dict], draw: int, t: Trainer) -> Step
     candidates = [its problem], draw = step, ppo_epochs = 1 (variants: draw_group, docs/variants.md)."""
     clock = Stopwatch(t.device)
     problem, prompt_ids, responses, group, set_aside = draw_group(step, candidates, draw, t, clock)
-    advantages = compute_advantages(group.rewards, t.cfg.std_eps, t.cfg.advantage_std, zero_variance=group.zero_variance)
+    advantages = compute_advantages(group.rewards, t.cfg.std_eps, t.cfg.advantage_std,
+                                    zero_variance=group.zero_variance)
     epochs, first = [], None
     for epoch in range(1, t.cfg.ppo_epochs + 1):  # the spec: one
         done = backpropagate_group(step, prompt_ids, responses, group, advantages, t, first and first.token_log_probs)
@@ -1899,8 +1889,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
 
 def load_training(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
                   argv: list[str], eval_set: list[dict]) -> tuple[Trainer, RunState]:
-    """The model, the optimizer and the checked problems; a resumed run's weights, AdamW state and
-    steps done. Nothing in output_dir changes here."""
+    """The model, optimizer and checked problems; a resumed run's weights, AdamW state and steps. Changes no file."""
     random.seed(cfg.seed)  # nothing here draws from these; seeded so that nothing a model does can vary
     torch.manual_seed(cfg.seed)
     progress(f"loading {cfg.model} on {device} ({precision})")
@@ -1914,8 +1903,9 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     check_memory(cfg, model, problems, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id,
-                update_norm_buffers(params, device), reference=load_reference(cfg, device, precision), decoders=decoders)
+    buffers, reference = update_norm_buffers(params, device), load_reference(cfg, device, precision)
+    t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id, buffers, reference=reference,
+                decoders=decoders)
     s = RunState(od.path, argv, problems, list(eval_set), min(cfg.num_problems, len(problems)))
     if od.resume_from is not None:
         s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
@@ -2290,8 +2280,7 @@ def send_to_trackers(w: Watch, scalars: dict[str, float], step: int, rollouts: l
 
 
 def report_eval(w: Watch, records: list[dict], samples: int) -> None:
-    """An evaluation's accuracy overall, per level and per subject to every tracker, at the step of the
-    weights it evaluated."""
+    """An evaluation's accuracy overall, per level and per subject to every tracker, at its weights' step."""
     summary = summarize_phase(records, samples)
     send_to_trackers(w, {"eval/accuracy" if g["kind"] == "overall" else f"eval/{g['kind']}/{g['group']}": g["accuracy"]
                          for g in summary["groups"]}, summary["step"])
@@ -2601,12 +2590,10 @@ def evaluate_batch(model, tokenizer, problems: list[dict], batch: list[int], rec
     scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
     for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):
         p = problems[i]
-        records[i * k + s] = {
-            "phase": phase, "step": step, "problem_index": p["index"], "unique_id": p.get("unique_id"),
-            "level": p.get("level", "unknown"), "subject": p.get("subject", "unknown"), "sample": s,
-            "response": text, "answer": answer, "reference": p["answer"], "status": status,
-            "reward": reward, "tokens": len(response), "cut_at_limit": was_cut,
-        }
+        records[i * k + s] = dict(phase=phase, step=step, problem_index=p["index"], unique_id=p.get("unique_id"),
+                                  level=p.get("level", "unknown"), subject=p.get("subject", "unknown"), sample=s,
+                                  response=text, answer=answer, reference=p["answer"], status=status, reward=reward,
+                                  tokens=len(response), cut_at_limit=was_cut)
     return sum(len(r) for r in responses)
 
 
@@ -2682,16 +2669,12 @@ def summarize_phase(records: list[dict], samples: int) -> dict:
             row["pass_at_k_wilson95"] = list(wilson_interval(row["pass_at_k"][str(samples)] * n, n))
         rows.append(row)
     statuses = [r["status"] for r in records]
-    return {
-        "step": records[0]["step"], "problems": len(meta), "samples": samples, "responses": len(records),
-        "groups": rows,
-        "format": {
-            "no_answer_rate": statuses.count("no_answer") / len(records),
-            "cut_at_limit_rate": sum(r["cut_at_limit"] for r in records) / len(records),
-            "mean_response_tokens": sum(r["tokens"] for r in records) / len(records),
-            "verifier_overruns": statuses.count("timeout") + statuses.count("crash"),
-        },
-    }
+    n = len(records)
+    return {"step": records[0]["step"], "problems": len(meta), "samples": samples, "responses": n, "groups": rows,
+            "format": {"no_answer_rate": statuses.count("no_answer") / n,
+                       "cut_at_limit_rate": sum(r["cut_at_limit"] for r in records) / n,
+                       "mean_response_tokens": sum(r["tokens"] for r in records) / n,
+                       "verifier_overruns": statuses.count("timeout") + statuses.count("crash")}}
 
 
 def paired_comparison(before: list[dict], after: list[dict], samples: int) -> dict:
@@ -2701,13 +2684,9 @@ def paired_comparison(before: list[dict], after: list[dict], samples: int) -> di
     per-problem counts (one problem's samples are not independent: not separate pairs)."""
     b, a = correct_counts(before), correct_counts(after)
     both = sorted(set(b) & set(a))
-    res = {
-        "problems": len(both),
-        "improved": sum(a[i] > b[i] for i in both),
-        "regressed": sum(a[i] < b[i] for i in both),
-        "right_both_times": sum(a[i] == b[i] == samples for i in both),
-        "wrong_both_times": sum(a[i] == b[i] == 0 for i in both),
-    }
+    res = dict(problems=len(both), improved=sum(a[i] > b[i] for i in both), regressed=sum(a[i] < b[i] for i in both),
+               right_both_times=sum(a[i] == b[i] == samples for i in both),
+               wrong_both_times=sum(a[i] == b[i] == 0 for i in both))
     res["unchanged_in_between"] = len(both) - sum(res[k] for k in ("improved", "regressed", "right_both_times",
                                                                    "wrong_both_times"))
     res["mcnemar_p"] = mcnemar_exact_p(res["improved"], res["regressed"])
@@ -2724,9 +2703,7 @@ def eval_summary(records: list[dict], cfg: Config) -> dict:
         "settings": {k: getattr(cfg, k) for k in ("model", "revision", "eval_dataset", "eval_split", "eval_problems",
                                                    "eval_max_new_tokens", "eval_samples", "eval_temperature",
                                                    "eval_top_p", "eval_every", "seed", "prompt_template", "eos_token")},
-        "decoding": "greedy" if cfg.eval_samples == 1 else "sampled",
-        "phases": phases,
-    }
+        "decoding": "greedy" if cfg.eval_samples == 1 else "sampled", "phases": phases}
     if "before" in phases and "after" in phases:
         b, a = phases["before"]["groups"], {g["group"]: g for g in phases["after"]["groups"]}
         k = str(cfg.eval_samples)
@@ -3385,10 +3362,8 @@ def undo_lock(out: Path, fd: int | None, made: list[Path], made_lock: bool) -> N
     if fd is not None:
         os.close(fd)
     if made_lock:
-        try:
+        with suppress(OSError):  # never made (creating it is what failed)
             (out / LOCK_FILE).unlink()
-        except OSError:  # never made (creating it is what failed)
-            pass
     for folder in made:
         try:
             folder.rmdir()
@@ -3747,8 +3722,7 @@ def fsdp_modules(model) -> list:
 
 @contextmanager
 def full_weights(model):
-    """fsdp: every layer's full weights gathered for a generation (one all-gather per layer, not one per
-    layer per token), sharded again after it."""
+    """fsdp: each layer's weights gathered whole for a generation (one all-gather per layer, not per token)."""
     modules = fsdp_modules(model) if RANKS.sharding == "fsdp" else []
     for m in modules:
         m.unshard()
@@ -3819,10 +3793,8 @@ def whereabouts() -> str:
 def lost_contact(message: str) -> None:
     """Another rank died or hangs: say so (which one, and where every rank was), and end this
     process now; its collectives could only wait. Every checkpoint already written is complete."""
-    try:
+    with suppress(Exception):  # the store itself may be gone (the launcher or rank 0's machine)
         message += f": {whereabouts()}"
-    except Exception:  # the store itself is gone (the launcher or rank 0's machine)
-        pass
     os.write(2, f"rank {RANKS.rank}: {message}; stopping. {RANKS.resume_hint}\n".encode())
     os._exit(1)
 
