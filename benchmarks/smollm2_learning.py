@@ -86,7 +86,6 @@ def one_run(model: Path, lr: str, seed: int, on: str, out: Path, sampled: tuple[
         res["sampled"] = {}
         for name, which in (("before", model), ("after", folder / "final")):
             sfolder = out / f"lr{lr}-seed{seed}-sampled-{name}"
-            res["sampled"][name] = None
             run(["--config", "examples/smollm2.yaml", f"model={which}", "num_problems=0", f"eval_samples={k}",
                  f"eval_problems={n}", f"output_dir={sfolder}", *common], out / f"lr{lr}-seed{seed}-sampled-{name}.log")
             res["sampled"][name] = read_eval(sfolder)["model"]
