@@ -158,7 +158,11 @@ def test_the_smollm2_problem_sets_are_disjoint_right_and_the_same_for_a_seed(tmp
     import make_smollm2
 
     assert make_smollm2.main([str(tmp_path / "a"), "--problems-only"]) == 0
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "smollm2.json").write_text(json.dumps({"model": {"parameters": 1}, "seed": 7}))
     assert make_smollm2.main([str(tmp_path / "b"), "--problems-only"]) == 0
+    info = json.loads((tmp_path / "b" / "smollm2.json").read_text())  # an earlier conversion's record stays
+    assert info == {"model": {"parameters": 1}, "seed": 0, "problems": {"train": 500, "dev": 200, "heldout": 200}}
     sets = {s: json.loads((tmp_path / "a" / f"{s}.json").read_text()) for s in ("train", "dev", "heldout")}
     assert {s: len(r) for s, r in sets.items()} == {"train": 500, "dev": 200, "heldout": 200}
     assert all((tmp_path / "b" / f"{s}.json").read_text() == json.dumps(r, indent=1) for s, r in sets.items())
