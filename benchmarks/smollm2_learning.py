@@ -1,8 +1,10 @@
 """Does the spec's step make a real pretrained model better? SmolLM2-135M-Instruct on 2-digit addition.
 
     python examples/make_smollm2.py runs/smollm2                              # once: model + problems
-    python benchmarks/smollm2_learning.py --lrs 1e-5 3e-5 1e-4 --seeds 0 --on dev --out runs/sweep
-    python benchmarks/smollm2_learning.py --lrs 3e-5 --seeds 0 1 2 --on heldout --out runs/smollm2-seeds
+    python benchmarks/smollm2_learning.py --lrs 1e-5 3e-5 1e-4 3e-6 1e-6 --seeds 0 --on dev --no-sampled --out runs/sweep
+    python benchmarks/smollm2_learning.py --lrs 3e-6 --seeds 0 1 2 --on heldout --out runs/smollm2-seeds
+
+The measured figures: benchmarks/smollm2_sweep.json and benchmarks/smollm2_seeds.json (docs/demo.md).
 
 Each (learning rate, seed) is one ordinary run, `python train_rlvr.py --config examples/smollm2.yaml
 learning_rate=.. seed=.. output_dir=..` in its own process (50 steps, greedy evaluation of 200 problems
