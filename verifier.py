@@ -18,7 +18,9 @@ Extraction
     last k boxes, each holding one part and each closing before the next opens, are taken
     together as one list: ``\\boxed{(2,2)} \\text{ and } \\boxed{(6,2)}`` answers ``(2,2), (6,2)``.
     For an unlabelled list they must equal its set exactly (no extra part, none missing, a
-    duplicate box is not another part), for a labelled tuple its parts in order. Boxing many
+    duplicate box is not another part), for a labelled tuple its parts in order. A tuple
+    reference ``(3, 4)`` is one part, never such a list: ``\\boxed{a=3} \\boxed{b=4}``, like
+    ``\\boxed{3} \\boxed{4}``, is not ``(3, 4)`` (a tuple, labelled or not, is one box). Boxing many
     candidates cannot win: only two readings exist, the last box (which must hold all k parts)
     and the last k boxes (one part each), and a response satisfies at most one of them, so it
     still states one answer; the boxes before the last k are not read at all, and boxing more
@@ -85,11 +87,18 @@ Equivalence policy
     reference's order (``5, 5``, ``(5, 5)``, ``3, y = 4`` for ``x = 3, y = 4``). It never equals
     fewer parts (``5``, ``x = 5``), the values reordered (``4, 3`` != ``x = 3, y = 4``), a
     duplicate dropped, a set ``\\{3, 4\\}`` or a ``\\pm``: a reward for part of a labelled answer
-    is what a policy learns to write. A labelled answer against an unlabelled reference list
-    drops its labels (``AB = 4, CD = 5`` == ``4, 5``, unordered like the list), never against one
-    value (``x = 5, y = 5`` != ``5``) or a tuple (``x = 1, y = 2`` != ``(1, 2)``); ``(x, y) =
-    (5, 5)`` is the tuple ``(5, 5)``, its labels counting against a labelled tuple. Where the
-    labels repeat (``x = 1, x = 2``, solutions of one variable) or a value is a list
+    is what a policy learns to write. The rule holds both ways: a labelled answer against an
+    unlabelled reference tuple drops its labels and must have as many parts with equal values in
+    the order written (``a = 3, b = 4`` == ``(3, 4)``, ``u = 5, v = 1`` == ``(5, 1)``), never
+    fewer or more (``a = 3``, ``3``, ``a = 3, b = 4, c = 5`` != ``(3, 4)``), the values
+    reordered (``a = 4, b = 3`` != ``(3, 4)``; ``b = 4, a = 3`` reads (4, 3), so != ``(3, 4)``),
+    a duplicate dropped (``a = 3`` != ``(3, 3)``), a set, a ``\\pm`` or another bracket
+    (``[3, 4]``). Only a labelled tuple is read so: a list with an unlabelled part (``a = 3, 4``)
+    is a written list, and a written list never answers a tuple (``3, 4`` != ``(3, 4)``). A
+    labelled answer against an unlabelled reference list drops its labels (``AB = 4, CD = 5`` ==
+    ``4, 5``, unordered like the list), never against one value (``x = 5, y = 5`` != ``5``);
+    ``(x, y) = (5, 5)`` is the tuple ``(5, 5)``, its labels counting against a labelled tuple.
+    Where the labels repeat (``x = 1, x = 2``, solutions of one variable) or a value is a list
     (``x = \\pm 2, y = 3``), the list is unordered and where both parts carry a label the labels
     must agree (``x = 1, y = 2`` !=
     ``x = 2, y = 1``, ``AB = 4, CD = 5`` != ``AB = 5, CD = 4``). Two labels that name ratios must
@@ -2075,15 +2084,19 @@ def _same_ltup(a, b):
     """A labelled tuple against another answer (a is the reference). Labels on both sides: the
     same labels with equal values, in any order. A labelled reference against a written list or
     a tuple: the same number of parts, in the reference's order (a part's own label, if any,
-    must agree), never fewer parts and never a duplicate dropped. A labelled answer against an
-    unlabelled reference list: that list's rule (unordered, where both carry labels they agree).
-    Anything else (one value, a set, \\pm, a labelled answer for a tuple) is not equal."""
+    must agree), never fewer parts and never a duplicate dropped. The mirror, a labelled answer
+    against an unlabelled reference tuple ``(3, 4)``: its labels dropped, the same number of
+    parts with equal values in the order written (``b = 4, a = 3`` is (4, 3)). A labelled answer
+    against an unlabelled reference list: that list's rule (unordered, where both carry labels
+    they agree). Anything else (one value, a set, \\pm, any other bracket) is not equal."""
     ta, tb = _tuple_parts(a), _tuple_parts(b)
     if ta is not None and tb is not None:
         if len(ta[0]) != len(tb[0]) or set(ta[0]) != set(tb[0]):
             return False
         other = dict(zip(*tb))
         return all(_same(x, other[k]) for k, x in zip(*ta))
+    if b[0] == "ltup" and a[0] == "seq" and a[1:3] == ("(", ")"):
+        return len(a[3]) == len(b[2]) and all(_same_part(x, y) for x, y in zip(a[3], b[2]))
     if a[0] == "ltup":
         if b[0] == "uset" and b[2:] == ("list",):
             items = b[1]

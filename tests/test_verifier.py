@@ -422,9 +422,10 @@ CATEGORIES = {
          ("\\text{Area} = 6\\sqrt3 \\approx 10.39", "6\\sqrt3"), ("f(2) = 5", "5"),
          ("x = 1, y = 2", "y = 2, x = 1"), ("x = 1, y = 2", "1, 2"), ("x = \\pm 2, y = 3", "2, -2, 3"),
          ("x_1 = 4, x_{2} = 5", "x_2 = 5, x_1 = 4"), ("x = 1, x = 2", "x = 2, x = 1"),
-         ("x = \\pm 2, y = 3", "x = 2, x = -2, y = 3"), ("2, y = 3", "x = 2, y = 3")],
+         ("x = \\pm 2, y = 3", "x = 2, x = -2, y = 3"), ("2, y = 3", "x = 2, y = 3"),
+         ("AB = 4, CD = 5", "(4, 5)")],
         [("AB = 4, CD = 5", "4, 6"), ("AB = 4, CD = 5", "AB = 5, CD = 4"), ("CD = 4, AB = 5", "AB = 4, CD = 5"),
-         ("AB = 4, CD = 5", "4"), ("AB = 4, CD = 5", "(4, 5)"), ("AB = 4, CD = 5", "AB = 4, EF = 5"),
+         ("AB = 4, CD = 5", "4"), ("AB = 4, CD = 5", "(5, 4)"), ("AB = 4, CD = 5", "AB = 4, EF = 5"),
          ("AB = 4, CD = 5", "AB = 4, CD = 5, EF = 6"), ("AB = 9, CD = 4", "AB=4, CD=9"), ("AB = 4", "5"),
          ("AB = 4 = 5", "4"), ("AB = 2x", "2x"), ("AB = \\sqrt{x}", "\\sqrt x"), ("AB = (1,2)", "(1,2)"),
          ("xy = 4", "4"), ("4", "xy = 4"), ("ab = 4", "4"), ("2AB = 4", "4"), ("ABCDE = 4", "4"),
@@ -453,7 +454,8 @@ CATEGORIES = {
          ("p=5,q=2;p=7,q=2", "(5,2),(7,2)"), ("(5,2),(7,2)", "p=5,q=2;p=7,q=2"),
          ("p = 7, q = 2; p = 5, q = 2", "(5,2), (7,2)"), ("p=5,q=2;p=7,q=2", "\\{(7,2),(5,2)\\}"),
          ("p=5,q=2;p=7,q=2", "(p,q) = (5,2), (p,q) = (7,2)"), ("x=1,y=2,z=3;x=4,y=5,z=6", "(4,5,6),(1,2,3)"),
-         ("x_1 = 1, x_2 = 2; x_1 = 3, x_2 = 4", "(1,2),(3,4)"), ("q=2,p=5;q=2,p=7", "(2,5),(2,7)")],
+         ("x_1 = 1, x_2 = 2; x_1 = 3, x_2 = 4", "(1,2),(3,4)"), ("q=2,p=5;q=2,p=7", "(2,5),(2,7)"),
+         ("x = 1, y = 2", "(1, 2)")],
         [("S_{MBCN}:S = 7:32", "32:7"), ("S_{MBCN}:S = 7:32", "7"), ("S_{MBCN}:S = 7:32", "\\frac{7}{32}"),
          ("7:32", "\\frac{7}{32}"), ("\\frac{7}{32}", "7:32"), ("7:32", "14:64"), ("9:24", "3:8"), ("7:32", "(7,32)"),
          ("V_{1}:V_{2} = 11:21", "21:11"), ("V_{1}:V_{2} = 11:21", "11:21:1"), ("A:B = 2:3", "B:A = 2:3"),
@@ -471,7 +473,7 @@ CATEGORIES = {
          ("p=5,q=2;q=2,p=7", "(5,2),(7,2)"), ("p=5,q=2;p=7,r=2", "(5,2),(7,2)"), ("p=5,q=2;p=7,q=2", "5,2,7,2"),
          ("p=5,q=2;p=7,q=2", "(q,p) = (5,2), (q,p) = (7,2)"), ("p=5,q=2;p=7", "(5,2),(7)"),
          ("p=5,p=2;p=7,p=2", "(5,2),(7,2)"), ("p=5,q=2x;p=7,q=2", "(5,2x),(7,2)"), ("x=1,5;x=2", "1.5, 2"),
-         ("p=5,q=2;p=7,q=2", "p=5,q=2"), ("x = 1, y = 2", "(1, 2)"), ("q=2,p=5;q=2,p=7", "(5,2),(7,2)")],
+         ("p=5,q=2;p=7,q=2", "p=5,q=2"), ("y = 2, x = 1", "(1, 2)"), ("q=2,p=5;q=2,p=7", "(5,2),(7,2)")],
     ),
 }
 
@@ -568,6 +570,85 @@ def test_labelled_list_keeps_the_reference_order_and_its_duplicates():
     assert reward("\\boxed{5, 5}", "x=5, y=5") == 1.0
     assert reward("\\boxed{(5,5)}", "x=5, y=5") == 1.0
     assert reward("\\boxed{5, 5, 5}", "x=5, y=5") == 0.0
+
+
+# The mirror of the rule above: a labelled tuple answer (distinct labels) against an unlabelled
+# reference TUPLE drops its labels and needs as many parts with equal values in the order written;
+# every near miss scores 0. (answer, reference) pairs.
+LABELLED_ANSWER_FOR_TUPLE_EQUAL = [
+    ("a=3, b=4", "(3,4)"),
+    ("u=5,v=1", "(5,1)"),
+    ("u = 5, v = 1", "(5,1)"),
+    ("(a, b) = (3, 4)", "(3,4)"),
+    ("x = 3, y = 4", "(3, 4)"),
+    ("a = 3, b = 3", "(3, 3)"),                      # a value twice, both parts kept
+    ("AB = 4, CD = 5", "(4, 5)"),
+    ("a = 3; b = 4", "(3, 4)"),
+    ("y_1 = 2x+1, y_2 = 3x", "(2x+1, 3x)"),          # lone-variable equations label their values
+]
+LABELLED_ANSWER_FOR_TUPLE_NOT_EQUAL = [
+    ("a=3", "(3,4)"),                                # fewer parts
+    ("3", "(3,4)"),
+    ("b=4", "(3,4)"),
+    ("a=3, b=4, c=5", "(3,4)"),                      # more parts
+    ("a=4, b=3", "(3,4)"),                           # the values in another order
+    ("b=4, a=3", "(3,4)"),                           # read as written: (4, 3)
+    ("(a, b) = (4, 3)", "(3,4)"),
+    ("(b, a) = (4, 3)", "(3,4)"),
+    ("a = 3", "(3, 3)"),                             # a duplicate dropped
+    ("\\{3, 4\\}", "(3,4)"),                         # a set
+    ("a = \\pm 3, b = 4", "(3,4)"),                  # a \pm
+    ("\\pm 3", "(3,-3)"),
+    ("a = 3, a = 4", "(3,4)"),                       # repeated labels: an unordered list
+    ("a = 3, 4", "(3,4)"),                           # an unlabelled part: a written list
+    ("3, b = 4", "(3,4)"),
+    ("3, 4", "(3,4)"),                               # a written list never answers a tuple
+    ("a = 3, b = 5", "(3,4)"),
+    ("a = 3, b = 4", "[3,4]"),                       # another bracket
+    ("a = 3, b = 4", "(3,4]"),
+    ("a = 3, b = 4", "(3,4),(5,6)"),
+]
+
+
+def test_labelled_answer_answers_an_unlabelled_tuple_in_the_order_written():
+    check_pairs(LABELLED_ANSWER_FOR_TUPLE_EQUAL, LABELLED_ANSWER_FOR_TUPLE_NOT_EQUAL)
+    assert reward("\\boxed{a=3, b=4}", "(3,4)") == 1.0
+    assert reward("\\boxed{u=5,v=1}", "(5,1)") == 1.0
+    assert reward("\\boxed{(a, b) = (3, 4)}", "(3,4)") == 1.0
+    assert reward("\\boxed{b=4, a=3}", "(3,4)") == 0.0
+    assert reward("\\boxed{a=4, b=3}", "(3,4)") == 0.0
+    assert reward("\\boxed{a=3}", "(3,4)") == 0.0
+    assert reward("\\boxed{3}", "(3,4)") == 0.0
+
+
+def test_labelled_rule_holds_both_ways():
+    # the existing direction: a written list of as many values, in the reference's order
+    assert reward("\\boxed{5, 5}", "x=5, y=5") == 1.0
+    assert reward("\\boxed{4, 3}", "x = 3, y = 4") == 0.0
+    assert reward("\\boxed{(3, 4)}", "x = 3, y = 4") == 1.0
+    assert reward("\\boxed{(4, 3)}", "x = 3, y = 4") == 0.0
+    # its mirror: a labelled answer against an unlabelled tuple, in the order written
+    assert reward("\\boxed{x = 3, y = 4}", "(3, 4)") == 1.0
+    assert reward("\\boxed{y = 4, x = 3}", "(3, 4)") == 0.0
+    # against an unlabelled reference LIST a labelled answer drops its labels, unordered
+    assert reward("\\boxed{a=3, b=4}", "3, 4") == 1.0
+    assert reward("\\boxed{a=4, b=3}", "3, 4") == 1.0
+    assert reward("\\boxed{a=3}", "3, 4") == 0.0
+    assert reward("\\boxed{a=3, b=5}", "3, 4") == 0.0
+    # labels count against a labelled reference tuple, whichever side writes them
+    assert reward("\\boxed{a=3, b=4}", "(x, y) = (3, 4)") == 0.0
+    assert reward("\\boxed{(a, b) = (3, 4)}", "x = 3, y = 4") == 0.0
+
+
+def test_several_boxes_do_not_answer_a_tuple_reference():
+    # a tuple reference is one part, never a list of parts: its answer is one box, labelled or not
+    assert reward("\\boxed{a=3} \\boxed{b=4}", "(3,4)") == 0.0
+    assert reward("\\boxed{3} \\boxed{4}", "(3,4)") == 0.0
+    assert score("\\boxed{a=3} and \\boxed{b=4}", "(3,4)") == (0.0, "b=4", "wrong")
+    # against a reference list the boxes are its parts
+    assert reward("\\boxed{a=3} \\boxed{b=4}", "3, 4") == 1.0
+    assert reward("\\boxed{3} \\boxed{4}", "3, 4") == 1.0
+    assert reward("\\boxed{x=3} \\boxed{y=4}", "x = 3, y = 4") == 1.0
 
 
 # Several final boxes for a reference list of k parts: when the last box alone is not equal, the
