@@ -176,9 +176,8 @@ def test_evaluation_is_the_same_whatever_the_batch_size(tiny_model, samples):
         assert other_seed != runs[0]
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
 @pytest.mark.parametrize("samples", [1, 2])
-def test_compiled_evaluation_gives_the_tokens_of_eager_evaluation(tiny_model, samples, monkeypatch):
+def test_compiled_evaluation_gives_the_tokens_of_eager_evaluation(tiny_model, inductor, samples, monkeypatch):
     """compile=true: left-padded batches in a static cache, ended rows fed EOS instead of dropped,
     the last (smaller) batch filled up to the same shape: one compiled graph, and every record
     equals eager evaluation's, greedy and sampled, with an EOS that rows reach at different steps."""

@@ -313,8 +313,7 @@ def test_static_cache_decode_takes_the_same_tokens_as_the_dynamic_cache(tiny_mod
         group_size=4, max_new_tokens=10, temperature=1.0, top_p=0.9, device="cpu"), T.nullcontext(), seed=1)
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
-def test_compiled_decode_runs_and_matches_eager_in_float32(tiny_model):
+def test_compiled_decode_runs_and_matches_eager_in_float32(tiny_model, inductor):
     model, _ = tiny_model
     cfg = T.Config(group_size=2, max_new_tokens=6, temperature=1.0, top_p=0.9, device="cpu")
     eager = _rollouts(model, cfg, T.nullcontext())
@@ -369,8 +368,7 @@ def test_a_failing_compiled_decoder_falls_back_to_eager_with_the_same_tokens(tin
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
-def test_bf16_weights_keep_the_compiled_decoder(tiny_model, monkeypatch, capsys):
+def test_bf16_weights_keep_the_compiled_decoder(tiny_model, inductor, monkeypatch, capsys):
     """precision: bf16 (bfloat16 weights, no autocast) computes its logits in bfloat16: the check
     holds it to the bf16 tolerance, not float32's, so the compiled decoder is kept."""
     model, _ = tiny_model
@@ -387,8 +385,7 @@ def test_bf16_weights_keep_the_compiled_decoder(tiny_model, monkeypatch, capsys)
     assert T.compiled_tolerance(scale, False) < worst <= T.compiled_tolerance(scale, True)  # float32's would fail
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler (g++)")
-def test_one_compile_per_run_whatever_the_prompt_lengths_and_the_rank_share(tiny_model, monkeypatch):
+def test_one_compile_per_run_whatever_the_prompt_lengths_and_the_rank_share(tiny_model, inductor, monkeypatch):
     """The static cache is sized once from the longest prompt (Decoders.plan), and the check
     runs at the batch the process decodes (2 of a group of 4 on each of two ranks): a run with a
     short and then a long prompt compiles the decode step once."""
