@@ -40,7 +40,7 @@ import socket
 import sys
 import threading
 import time
-from contextlib import contextmanager, nullcontext, redirect_stdout, suppress
+from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -380,6 +380,9 @@ def load_records(source: str, split: str, fields: dict[str, str], start: int, co
     else:
         rows = open_dataset(source, split, setting)
         names = rows.column_names
+    if len(rows) == 0:  # else the field check below would name a field, and a fix, that are not the problem
+        raise no_records(f"{setting} file {source}" if Path(source).is_file() else f"{setting} {source} (split "
+                         f"{split})", setting)
     for key, field in fields.items():
         if field not in names:
             raise UserError(f"{setting} has no field '{field}' (set {key}); its fields are: {', '.join(names)}")
@@ -387,6 +390,10 @@ def load_records(source: str, split: str, fields: dict[str, str], start: int, co
         raise UserError(f"{setting} has {len(rows)} records but {' + '.join(count_keys)} = {end}; "
                         f"lower {' or '.join(reversed(count_keys))}")
     return [dict(rows[i], index=i) for i in range(start, max(end, min(start + up_to, len(rows))))]
+
+
+def no_records(what: str, setting: str) -> UserError:
+    return UserError(f"{what} holds no records; point {setting} at a data set with problems in it")
 
 
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".json.gz": "json", ".jsonl.gz": "json", ".parquet": "parquet"}
@@ -420,7 +427,7 @@ def read_json_records(path: Path, what: str, stop: int) -> list[dict]:
             while not first.strip() and (chunk := f.read(READ_CHUNK)):
                 first = chunk.lstrip()[:1]
             if not first:
-                raise UserError(f"{what} file {path} holds no records; point it at a file of records")
+                raise no_records(f"{what} file {path}", what)
             f.seek(0)
             return (json_array_records if first == b"[" else json_lines_records)(f, path, what, stop)
     except (OSError, EOFError) as e:  # a damaged gzip stream (BadGzipFile is an OSError)
@@ -624,6 +631,8 @@ def open_dataset(source: str, split: str, what: str = "dataset"):
         with hub_offline(offline is not None):  # a cached copy still loads
             return datasets.load_dataset(source, split=split)
     except Exception as e:  # network, hub or format problems: one line, not a traceback
+        if local.is_file() and "corresponds to no data" in str(e):  # datasets' words for a file of 0 rows
+            raise no_records(f"{what} file {source}", what) from None
         offline = offline or (None if local.exists() else network_problem(source))
         if offline:
             raise UserError(f"could not load {what} {source!r}: {offline}; connect to the internet, or download it "
@@ -737,6 +746,7 @@ class Trainer:
     scorer: verifier.TimedVerifier | None = None  # started with the loop
     reference: torch.nn.Module | None = None  # kl_coef > 0: the frozen starting weights (load_reference)
     decoders: Decoders = dataclasses.field(default_factory=lambda: Decoders())
+    warned: set = dataclasses.field(default_factory=set)  # the warnings said once a run (warn_once)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1371,6 +1381,10 @@ def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[tor
     pass's token log-probs). Returns the group's Pass (token log-probs: this rank's)."""
     mine = rank_share(t.cfg.group_size)
     terms = loss_terms(t, group, first_pass, mine)
+    if t.cfg.mask_truncated_completions and all(group.cut) and not group.zero_variance:
+        warn_once(t, "every response masked", f"warning: step {step}: every response of a group with reward variance was cut at max_new_tokens "
+                  f"({t.cfg.max_new_tokens}) and mask_truncated_completions leaves each out of the loss, so it trains "
+                  "nothing (said once a run; raise max_new_tokens or set mask_truncated_completions: false)")
     with agreed("backward", step, longest=max(len(r) for r in responses), prompt_tokens=len(prompt_ids), cfg=t.cfg):
         p = accumulate_policy_gradient(t.model, t.params, prompt_ids, responses, advantages[mine.start:mine.stop].to(
             t.device), t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size, terms.divisors,
@@ -2043,6 +2057,13 @@ def total_time(metrics: list[dict], total_seconds: float, first_step: int) -> st
             f"{total_seconds:.1f} s for {here} with evaluation and checkpoints")
 
 
+def warn_once(t: Trainer, kind: str, msg: str) -> None:
+    """A warning of this kind said once a run (at its first occurrence), not at every step it holds for."""
+    if kind not in t.warned:
+        t.warned.add(kind)
+        progress(msg)
+
+
 def progress(msg: str) -> None:
     # stderr, so that stdout holds only the table and the summary; rank 0's alone. tqdm.write keeps a
     # bar drawn on a terminal below the line.
@@ -2162,11 +2183,32 @@ def trackers_named(cfg: Config) -> list[str]:
 
 
 def check_trackers(cfg: Config) -> None:
-    """A tracker named in report_to must be installed: said before the model loads."""
+    """A tracker named in report_to must be installed, and wandb must have a way to send the run: said
+    before the model loads and before output_dir is touched (wandb.init would stop after the table began)."""
     for name in trackers_named(cfg):
         if importlib.util.find_spec(name) is None:
             raise UserError(f"report_to names {name}, which is not installed here; pip install {name} "
                             "(or drop it from report_to)")
+    if "wandb" in trackers_named(cfg) and not wandb_can_log():
+        raise UserError("report_to names wandb, but wandb has no API key here (no WANDB_API_KEY, no `wandb login`); "
+                        "run `wandb login`, or set WANDB_MODE=offline to keep the run's wandb files under output_dir "
+                        "(wandb sync uploads them later)")
+
+
+def wandb_can_log() -> bool:
+    """Whether wandb.init can start a run here without asking for a key: offline or disabled, or an API key
+    in the environment, a settings file or .netrc (wandb's own search, without a prompt or the network)."""
+    if os.environ.get("WANDB_MODE", "").strip().lower() in ("offline", "dryrun", "disabled"):
+        return True
+    import wandb
+    try:
+        with redirect_stderr(io.StringIO()):  # "Loaded credentials ...": not the run's business
+            return bool(wandb.login(verify=False, prompt=False))
+    except TypeError:  # a wandb before login(prompt=...): its own init says what is missing
+        return True
+    except Exception as e:  # a key in the wrong form (wandb.errors.AuthenticationError)
+        raise UserError(f"report_to names wandb, but its credentials cannot be used ({str(e).splitlines()[0]}); "
+                        "run `wandb login` again, or set WANDB_MODE=offline") from None
 
 
 @dataclass
@@ -2302,6 +2344,8 @@ def close_watch(w: Watch | None, out: Path) -> None:
     if process_rank() == 0:
         try:
             plot_run(out)
+        except UserError as e:  # a picture's place is taken: said, and the run's outcome stands
+            progress(str(e))
         except Exception as e:  # the picture is a convenience: the run's outcome stands without it
             progress(f"could not draw {out / 'run.png'} ({type(e).__name__}: {str(e)[:160]})")
 
@@ -2321,13 +2365,20 @@ def plot_run(out: Path, required: bool = False) -> Path | None:
             raise UserError(f"--plot: {out} holds no metrics.jsonl with a step in it; pass a run's output_dir")
         return None
     evals = read_jsonl(out / "eval.jsonl", ("step", "phase", "sample", "reward"))
-    run_figure(metrics, evals).savefig(out / "run.png", dpi=100)
-    progress(f"wrote {out / 'run.png'}")
+    save_picture(run_figure(metrics, evals), out / "run.png")
     tokens = read_jsonl(out / "tokens.jsonl", ("step", "rollout", "reward", "tokens", "before", "after"))
     if tokens:  # token_report
-        token_figure(tokens).savefig(out / "tokens.png", dpi=100)
-        progress(f"wrote {out / 'tokens.png'}")
+        save_picture(token_figure(tokens), out / "tokens.png")
     return out / "run.png"
+
+
+def save_picture(fig, path: Path) -> None:
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as e:  # a folder or an unwritable file in its place
+        raise UserError(f"cannot write {path} ({e.strerror or e}); move what is there away and draw it again with "
+                        f"python train_rlvr.py --plot {path.parent}") from None
+    progress(f"wrote {path}")
 
 
 def run_figure(metrics: list[dict], eval_records: list[dict]):
@@ -2480,7 +2531,6 @@ def boxed_span(text: str) -> tuple[int, int]:
 # eval_dataset (MATH-500 by default) are answered with the training prompt and EOS through the
 # rollouts' decode loop (greedy, or eval_samples sampled responses each) and scored by the same TimedVerifier.
 
-EVAL_FILES = ("eval.jsonl", "eval_summary.json")
 Z95 = 1.959964  # the two-sided 95 % normal quantile
 
 
@@ -2836,11 +2886,15 @@ def eval_line(phase: str, records: list[dict], samples: int, seconds: float) -> 
 # Checkpoints and the output folder
 
 LOG_FILES = ("metrics.jsonl", "rollouts.jsonl")  # a run's logs; every checkpoint holds a copy
+# Every file a run appends to (the logs, and those of token_report and evaluation when on): a checkpoint
+# keeps a copy of each one there is, a resume puts back the checkpoint's (dropping what was logged after
+# it), a fresh start and overwrite=true remove them. A new appended file belongs here (tests/test_output_dir.py).
+APPENDED_FILES = (*LOG_FILES, "tokens.jsonl", "eval.jsonl")
 # The resolved settings at the top of output_dir. Not config.yaml, the user's name (--config
 # output_dir/config.yaml, or output_dir=., must not replace the file it reads); checkpoints keep config.yaml.
 RUN_CONFIG = "run_config.yaml"
 RUN_CONFIG_MARK = "# rlvr: the resolved settings of the run in this folder\n"  # without it: not ours
-RUN_FILES = (*LOG_FILES, RUN_CONFIG, "eval.jsonl", "eval_summary.json", "run.png")  # what a run writes at the top
+RUN_FILES = (*APPENDED_FILES, RUN_CONFIG, "eval_summary.json", "run.png", "tokens.png")  # what a run writes at the top
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json", "config.yaml", *LOG_FILES)
 MANIFEST = "manifest.json"                       # size and sha256 of every file beside it, written last
 LOCK_FILE = ".rlvr.lock"
@@ -2899,6 +2953,7 @@ def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_re
         tmp.mkdir()
         save_file({k: v.contiguous() for k, v in untied(model, model_state).items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
+        usual_mode(tmp / "model.safetensors")
         torch.save(optimizer_state, tmp / "optimizer.pt")
         write_checkpoint_rest(tmp, out, cfg, state)
     except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as "unexpected pos"
@@ -2916,7 +2971,7 @@ def save_checkpoint(out: Path, step: int, model, optimizer, cfg: Config, next_re
 def write_checkpoint_rest(tmp: Path, out: Path, cfg: Config, state: dict) -> None:
     """A checkpoint folder's files beside the weights: the logs, config.yaml, state.json, then the
     manifest (size and sha256 of each file); every file and the folder fsynced."""
-    for name in (*LOG_FILES, "eval.jsonl"):
+    for name in APPENDED_FILES:
         if name in LOG_FILES or (out / name).exists():
             shutil.copyfile(out / name, tmp / name)
     (tmp / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False, allow_unicode=True))
@@ -2943,6 +2998,13 @@ def place_checkpoint(tmp: Path, final: Path) -> None:
     else:
         os.rename(tmp, final)
     _fsync(root)
+
+
+def usual_mode(path: Path) -> None:
+    """The mode the umask gives a new file (0644 under the usual 022): safetensors writes its files 0600."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
 
 
 def list_checkpoints(out: Path) -> list[Path]:
@@ -3017,7 +3079,7 @@ def checkpoint_bytes(model, optimizer, out: Path) -> int:
     tensors = {t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}  # tied once
     state = [v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
     return (sum(tensors.values()) + sum(v.numel() * v.element_size() for v in state)
-            + sum((out / name).stat().st_size for name in LOG_FILES))
+            + sum((out / name).stat().st_size for name in APPENDED_FILES if (out / name).is_file()))
 
 
 def run_disk_need(cfg: Config, model, out: Path, done: int, steps: int) -> tuple[int, int]:
@@ -3026,7 +3088,7 @@ def run_disk_need(cfg: Config, model, out: Path, done: int, steps: int) -> tuple
     the weights again. Checkpoints in output_dir count as taken. Returns that need and one checkpoint's size."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied tensor once; fsdp: whole
     moments = sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    ckpt = weights + moments + sum((out / n).stat().st_size for n in LOG_FILES if (out / n).is_file())
+    ckpt = weights + moments + sum((out / n).stat().st_size for n in APPENDED_FILES if (out / n).is_file())
     writes = len({k for k in range(done + 1, steps + 1) if cfg.save_every and k % cfg.save_every == 0} | {steps})
     held = len(list_checkpoints(out))
     return max(0, min(cfg.keep_last + 1, held + writes) - held) * ckpt + weights, ckpt
@@ -3210,7 +3272,7 @@ def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | N
 def held_run(out: Path) -> list[str]:
     """What in output_dir a new run would replace: logs with a step in them, checkpoints, final/
     (whoever wrote them). Empty logs of a start that failed before its first step do not count."""
-    found = [name for name in (*LOG_FILES, "eval.jsonl") if (out / name).is_file() and (out / name).stat().st_size > 0]
+    found = [name for name in APPENDED_FILES if (out / name).is_file() and (out / name).stat().st_size > 0]
     for folder in ("checkpoints", "final"):
         if (out / folder).is_dir() and any((out / folder).iterdir()):
             found.append(f"{folder}/")
@@ -3386,12 +3448,12 @@ def begin_output(od: OutputDir, cfg: Config) -> None:
             if folder.is_dir() and read_manifest(folder) is not None:
                 remove_own_files(folder)
     if cfg.num_problems and od.resume_from is None:  # evaluation only (num_problems=0): no training outputs
+        for name in RUN_FILES:  # what is left of our own files describes no run of this folder's logs
+            (out / name).unlink(missing_ok=True)
         for name in LOG_FILES:
             (out / name).write_text("")
-        for name in EVAL_FILES:
-            (out / name).unlink(missing_ok=True)
-    elif cfg.num_problems:  # the logs as the checkpoint has them: drops any step or evaluation logged after it
-        for name in (*LOG_FILES, "eval.jsonl"):
+    elif cfg.num_problems:  # the logs as the checkpoint has them: drops any step, token or evaluation logged after it
+        for name in APPENDED_FILES:
             if (od.resume_from / name).exists():
                 shutil.copyfile(od.resume_from / name, out / name)
             else:
@@ -3415,6 +3477,8 @@ def save_final(model, tokenizer, out: Path) -> None:
     if RANKS.rank != 0:
         return
     model.save_pretrained(out / "final", safe_serialization=True, state_dict=untied(model, model_state))
+    for weights in (out / "final").glob("*.safetensors"):
+        usual_mode(weights)
     tokenizer.save_pretrained(out / "final")
     write_manifest(out / "final", None)  # marks every file as rlvr's own (overwrite removes exactly these)
 

@@ -133,6 +133,25 @@ def test_a_damaged_json_list_names_the_place(tmp_path, content, fragment):
     assert str(e.value).startswith(f"dataset file {path}") and fragment in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("form", ["json", "jsonl", "parquet"])
+def test_a_data_file_of_no_records_says_so_for_training_and_evaluation(tmp_path, capsys, tiny_model_dir,
+                                                                      tiny_data_file, form):
+    """`[]` (or a Parquet file of 0 rows) has no field either: the message names what is wrong, not a field."""
+    empty = tmp_path / f"empty.{form}"
+    if form == "parquet":
+        import datasets
+        datasets.Dataset.from_dict({"problem": [], "answer": []}).to_parquet(str(empty))
+    else:
+        empty.write_text("[]" if form == "json" else "\n\n")
+    message = f"error: {{}} file {empty} holds no records; point {{}} at a data set with problems in it"
+    for extra, setting in (([f"dataset={empty}"], "dataset"),
+                           ([f"eval_dataset={empty}", "eval_problems=2"], "eval_dataset"),
+                           ([f"eval_dataset={empty}", "eval_problems=2", "num_problems=0"], "eval_dataset")):
+        assert T.main(_args(tiny_model_dir, tiny_data_file, tmp_path / "o", *extra)) == 2
+        assert _error(capsys) == message.format(setting, setting)
+        assert not (tmp_path / "o").exists()
+
+
 # ----------------------------------------------------------------------------------------------
 # A run's own logs, as a crash leaves them
 
@@ -174,6 +193,26 @@ def test_plot_names_the_file_and_line_of_any_other_damage(tmp_path, capsys, dama
     assert T.main(["--plot", str(out)]) == 2
     line = _error(capsys)
     assert f"{out / 'metrics.jsonl'} {fragment}" in line and "checkpoints/step-*/ keep a copy" in line, line
+
+
+def _token_line(step: int) -> bytes:
+    return json.dumps({"step": step, "problem_index": 0, "rollout": 0, "reward": 1.0, "advantage": 0.7,
+                       "token_ids": [5, 6], "tokens": [" a", "b"], "before": [-1.0, -2.0],
+                       "after": [-0.5, -2.5]}).encode() + b"\n"
+
+
+@pytest.mark.parametrize("picture", ["run.png", "tokens.png"])
+def test_plot_says_in_one_line_when_a_picture_is_a_folder(tmp_path, capsys, picture):
+    pytest.importorskip("matplotlib")
+    out = _run_folder(tmp_path)
+    (out / "tokens.jsonl").write_bytes(_token_line(3))
+    (out / picture).mkdir()
+    assert T.main(["--plot", str(out)]) == 2
+    assert _error(capsys) == (f"error: cannot write {out / picture} (Is a directory); move what is there away and "
+                              f"draw it again with python train_rlvr.py --plot {out}")
+    (out / picture).rmdir()
+    assert T.main(["--plot", str(out)]) == 0
+    assert (out / "run.png").is_file() and (out / "tokens.png").is_file()
 
 
 @pytest.mark.parametrize("extra", [["extra=1"], ["--config", "config.yaml"]])

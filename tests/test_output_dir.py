@@ -4,6 +4,7 @@ another run is refused, one run at a time holds its lock (also on a full disk), 
 leaves nothing behind, and the user's own config.yaml in it is never replaced. CPU, tiny local model."""
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -168,3 +169,80 @@ def test_a_failed_start_leaves_nothing_that_blocks_the_same_command(tmp_path, ca
     assert T.main(run_args(tmp_path / "missing-model", tiny_data_file, existing, "overwrite=true")) == 2
     assert (existing / "checkpoints" / "mine.txt").exists()
     assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "num_problems=1")) == 0  # the same command runs
+
+
+# ----------------------------------------------------------------------------------------------
+# Every file a run appends to: cut back on resume, cleared on overwrite
+
+
+def _top_files(out):
+    return sorted(p.name for p in out.iterdir() if p.is_file() and p.name != T.LOCK_FILE)
+
+
+def _records(path):
+    """A log's records without the measured seconds (two runs take different times)."""
+    drop = ("seconds", "timings")
+    return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def every_output_run(tiny_model_dir, tiny_data_file, tmp_path_factory):
+    """3 steps with every output on (token_report, evaluation before and after), checkpoints after 2 and 3."""
+    out = tmp_path_factory.mktemp("every-output") / "run"
+    mp = pytest.MonkeyPatch()
+    first_rollout_wins(mp)
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "save_every=2", "keep_last=3", "token_report=true",
+                           f"eval_dataset={tiny_data_file}", "eval_problems=2", "eval_max_new_tokens=6")) == 0
+    mp.undo()
+    return out
+
+
+def test_every_file_a_run_appends_to_is_one_that_resume_cuts_back_and_overwrite_clears(every_output_run):
+    files = _top_files(every_output_run)
+    assert files == sorted(T.RUN_FILES)  # a new file at the top: list it in RUN_FILES (overwrite clears it)
+    appended = [f for f in files if f.endswith(".jsonl")]
+    assert sorted(appended) == sorted(T.APPENDED_FILES)  # a new log: list it in APPENDED_FILES (resume cuts it)
+    for name in appended:  # the checkpoint keeps a copy of each, as it was after its step
+        assert (every_output_run / "checkpoints" / "step-000003" / name).read_bytes() == \
+            (every_output_run / name).read_bytes()
+
+
+def test_a_run_killed_after_logging_a_step_resumes_to_the_same_logs(every_output_run, tmp_path, tiny_model_dir,
+                                                                    tiny_data_file, monkeypatch):
+    """Killed after step 3 was logged, before its checkpoint: resume=auto redoes step 3 from step 2's
+    checkpoint, and every log (tokens.jsonl too) holds each step once, as the uninterrupted run's."""
+    out = tmp_path / "run"
+    shutil.copytree(every_output_run, out)
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    (out / "final").rename(tmp_path / "final-aside")  # a kill before the last checkpoint leaves no final/
+    first_rollout_wins(monkeypatch)
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "save_every=2", "keep_last=3", "token_report=true",
+                           f"eval_dataset={tiny_data_file}", "eval_problems=2", "eval_max_new_tokens=6", "resume=auto")) == 0
+    tokens = _records(out / "tokens.jsonl")
+    assert [r["step"] for r in tokens] == [1] * 4 + [2] * 4 + [3] * 4
+    for name in T.APPENDED_FILES:
+        assert _records(out / name) == _records(every_output_run / name), name
+
+
+def test_overwrite_leaves_nothing_of_the_earlier_runs_token_report(every_output_run, tmp_path, tiny_model_dir,
+                                                                  tiny_data_file, monkeypatch):
+    out = tmp_path / "run"
+    shutil.copytree(every_output_run, out)
+    first_rollout_wins(monkeypatch)
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "num_problems=2", "overwrite=true",
+                           "token_report=true")) == 0
+    assert [r["step"] for r in _records(out / "tokens.jsonl")] == [1] * 4 + [2] * 4
+    assert not (out / "eval.jsonl").exists() and not (out / "eval_summary.json").exists()
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "num_problems=2", "overwrite=true")) == 0
+    assert not (out / "tokens.jsonl").exists() and not (out / "tokens.png").exists()
+    assert _top_files(out) == sorted([*T.LOG_FILES, T.RUN_CONFIG, "run.png"])
+
+
+def test_every_file_of_a_run_has_the_mode_the_umask_gives(finished_run):
+    """safetensors writes its files 0600; a run's weights are as readable as its other files (0644 here)."""
+    out = finished_run[0]
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {str(p.relative_to(out)): oct(p.stat().st_mode & 0o777) for p in out.rglob("*") if p.is_file()}
+    assert "final/model.safetensors" in modes and "checkpoints/step-000003/model.safetensors" in modes
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes

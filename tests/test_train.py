@@ -40,6 +40,26 @@ def test_equal_rewards_give_exactly_zero_advantages(value):
     assert torch.equal(adv, torch.zeros(8)) and not torch.signbit(adv).any()
 
 
+def test_rewards_closer_than_any_tolerance_still_have_variance_and_a_gradient(tiny_model, monkeypatch):
+    """The zero-variance decision is exact equality, never a tolerance: seven 0 and one 1e-6 (std 3.54e-7,
+    possible with a small format_reward or a reward a user brings) is a group with variance, whose
+    A_8 = (1e-6 - 1.25e-7) / (3.54e-7 + 1e-4) = 0.00872 and whose gradient is not 0."""
+    model, _ = tiny_model
+    rewards = [0.0] * 7 + [1e-6]
+    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [(r, None, "wrong") for r in rewards])
+    t = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, **kw: "x"), scorer=None, cfg=T.Config())
+    responses = [torch.tensor([7 + i, 0]) for i in range(8)]
+    group = T.score_group(2, responses, [False] * 8, "1", t)
+    assert not group.zero_variance
+    assert group.rewards.std().item() == pytest.approx(3.5355e-7, rel=1e-4)
+    adv = T.compute_advantages(group.rewards, T.Config().std_eps, zero_variance=group.zero_variance)
+    assert round(adv[7].item(), 5) == 0.00872 and round(adv[0].item(), 7) == -0.0012456
+    params = [p for p in model.parameters() if p.requires_grad]
+    T.accumulate_policy_gradient(model, params, torch.tensor([5, 17, 33]), responses, adv, 8, T.nullcontext(),
+                                 zero_variance=group.zero_variance)
+    assert torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).item() > 0
+
+
 def test_advantages_use_the_configured_eps_and_the_unbiased_std():
     r = torch.tensor([1.0, 1.0, 0.0, 0.0])
     std = math.sqrt(sum((x - 0.5) ** 2 for x in r.tolist()) / 3)

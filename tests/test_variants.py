@@ -880,6 +880,23 @@ def test_mask_truncated_completions_reaches_the_runs_loss(tmp_path):
     assert metrics["policy_loss"] == pytest.approx(-a * s / 4, rel=1e-5) and abs(a * s) > 1e-3
 
 
+def test_a_group_with_variance_whose_every_response_is_masked_is_said_once_a_run(tiny_model_dir, tiny_data_file,
+                                                                                  tmp_path, capsys, monkeypatch):
+    """max_new_tokens 1: every response is cut; rollout 0 always wins, so every group has reward variance
+    and the mask leaves nothing to train: a zero gradient, and one warning line for the run."""
+    from run_helpers import first_rollout_wins, run_args
+
+    first_rollout_wins(monkeypatch)
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, tmp_path / "run", "mask_truncated_completions=true",
+                           "max_new_tokens=1", "save_every=0")) == 0
+    metrics = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["cut_at_limit"], m["reward_std"] > 0, m["grad_norm"]) for m in metrics] == [(4, True, 0.0)] * 3
+    warnings = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning: step")]
+    assert warnings == ["warning: step 1: every response of a group with reward variance was cut at max_new_tokens "
+                        "(1) and mask_truncated_completions leaves each out of the loss, so it trains nothing (said "
+                        "once a run; raise max_new_tokens or set mask_truncated_completions: false)"]
+
+
 def test_the_new_settings_at_their_defaults_change_nothing(tmp_path):
     """clip_eps_high equal to clip_eps is the default's symmetric clip; under ppo_epochs=2 (where the
     clip acts) both runs give the same table and weights bit for bit; so does mask_truncated_completions

@@ -342,6 +342,33 @@ def test_the_trackers_leave_stdout_to_the_table(tiny_model_dir, tiny_data_file, 
 
 
 
+def test_wandb_without_a_key_is_one_line_before_output_dir_is_touched(tiny_model_dir, tiny_data_file, tmp_path,
+                                                                     monkeypatch):
+    """No WANDB_API_KEY, no `wandb login` (.netrc), no WANDB_MODE: wandb.init would raise after the table
+    header and the empty logs; the run says so in one line first and leaves no output_dir. A key in the
+    wrong form is one line too; WANDB_MODE=offline needs none."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
+    env["HOME"] = str(tmp_path / "home")  # no ~/.netrc, no ~/.config/wandb/settings
+    args = [sys.executable, str(ROOT / "train_rlvr.py"), *_args(tiny_model_dir, tiny_data_file, tmp_path / "run",
+                                                                 "num_problems=1", "report_to=wandb")]
+    for extra, message in (({}, "error: report_to names wandb, but wandb has no API key here (no WANDB_API_KEY, no "
+                                "`wandb login`); run `wandb login`, or set WANDB_MODE=offline to keep the run's wandb "
+                                "files under output_dir (wandb sync uploads them later)"),
+                           ({"WANDB_API_KEY": "abc"}, "error: report_to names wandb, but its credentials cannot be "
+                            "used (WANDB_API_KEY invalid: API key must have 40+ characters, has 3.); run `wandb login` "
+                            "again, or set WANDB_MODE=offline")):
+        proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env={**env, **extra})
+        assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.strip() == message, proc.stderr
+        assert not (tmp_path / "run").exists()
+    for mode in ("offline", "disabled"):
+        monkeypatch.setenv("WANDB_MODE", mode)
+        assert T.wandb_can_log()
+
+
 @pytest.mark.parametrize("users", [False, True])
 def test_wandb_takes_the_users_project_and_dir_else_rlvr_and_output_dir(tmp_path, monkeypatch, users):
     """wandb.init's project and dir: WANDB_PROJECT and WANDB_DIR when set (wandb's own convention), else
