@@ -1,4 +1,4 @@
-"""rlvr: one-GPU RLVR on a base model, exactly as ../shared/SPEC.md describes it.
+"""rlvr: one-GPU RLVR on a base model, exactly as docs/spec.md describes it.
 
 For each problem: sample a group of rollouts, score them with a final-answer verifier (1 or 0),
 standardize the rewards within the group, backpropagate the sequence-sum policy-gradient loss one
