@@ -930,12 +930,13 @@ def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, e
     setting asks for it, checked against eager decoding at its first generation; eager after any
     failure, for the rest of the run. Eager evaluation drops ended rows; the compiled one keeps its
     shape (`rows`: the batch is filled up to that many rows, so the last batch takes the same graph)."""
+    shared = use == "rollouts" and share_prompt_pass(model, prompts, amp, decoders)
     if decoders is not None and decoders.failed is None and compile_decode(cfg, prompts[0].device):
         states = [g.get_state() for g in streams]
         try:
             decoder = decoders.get(model, amp, use)
             check_compiled_decode(decoder, model, prompts, max_new_tokens, amp, rows)
-            return decode(model, prompts, max_new_tokens, eos_id, pick, amp, decoder=decoder, rows=rows)
+            return decode(model, prompts, max_new_tokens, eos_id, pick, amp, decoder=decoder, rows=rows, shared=shared)
         except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
             raise
         except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
@@ -945,26 +946,80 @@ def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, e
                      "(compile: false skips the attempt)")
             for g, state in zip(streams, states):  # the eager retry draws the same random numbers
                 g.set_state(state)
-    return decode(model, prompts, max_new_tokens, eos_id, pick, amp, drop_finished=use == "eval")
-CHECK_EVERY = 8  # decode asks the device whether every row is done (and the scores finite) every this many tokens
+    return decode(model, prompts, max_new_tokens, eos_id, pick, amp, drop_finished=use == "eval", shared=shared)
+
+
+def share_prompt_pass(model, prompts: list[torch.Tensor], amp, decoders: Decoders | None) -> bool:
+    """Whether the rollouts' prompt pass runs once for the whole group (prompt_pass; a run's Decoders remember the
+    answer, a call without them runs every row's). In float32 its numbers
+    must be the batched pass's bit for bit: compared once a run, at the first group (one batched pass more);
+    where they differ (a BLAS whose kernels depend on the number of rows), every row's prompt runs as before,
+    and the run says so. In bf16 the decode paths differ by ulps already: shared without a check."""
+    if decoders is None or len(prompts) < 2 or any(p is not prompts[0] for p in prompts) or RANKS.sharding == "fsdp":
+        return False  # fsdp: its root forward must come first (FSDP2's lazy init), and each rank holds a few rows
+    if decoders.shared_prompt is not None:
+        return decoders.shared_prompt
+    low = isinstance(amp, torch.autocast) or next(model.parameters()).dtype != torch.float32
+    decoders.shared_prompt = low or same_prompt_pass(model, torch.stack(prompts), amp)
+    if not decoders.shared_prompt:
+        progress("the prompt's pass run once differs in its last bits from the pass over every row on this machine; "
+                 "each rollout's prompt is run (slower, the same numbers)")
+    return decoders.shared_prompt
+
+
+@torch.no_grad()
+def same_prompt_pass(model, batch: torch.Tensor, amp) -> bool:
+    """Whether prompt_pass gives the same logits, keys and values shared as batched, bit for bit."""
+    from transformers import DynamicCache
+    caches = [DynamicCache(config=model.config) for _ in range(2)]
+    with amp:
+        logits = [prompt_pass(model, batch, cache, cache_arg(model), shared) for cache, shared in zip(caches, (True, False))]
+    return torch.equal(*logits) and all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                                        for a, b in zip(*(c.layers for c in caches)))
+
+
+def prompt_pass(model, batch: torch.Tensor, cache, cache_name: str, shared: bool = False, **padding) -> torch.Tensor:
+    """The prompt's forward pass into `cache`: each row's next-token logits. `shared` (the rollouts: one prompt in
+    every row) runs the prompt once, 1/rows of the work, and repeats its keys and values to every row; the LM head
+    still runs on all the rows together, as the batched pass's does (a BLAS may round one row apart otherwise)."""
+    if not shared:
+        return next_token_scores(model, batch, cache, cache_name, **padding)
+    decoder = model.get_decoder()
+    hidden = decoder(batch[:1], **{cache_arg(decoder): cache}, use_cache=True).last_hidden_state[:, -1:]
+    cache.batch_repeat_interleave(len(batch))
+    return model.get_output_embeddings()(hidden.expand(len(batch), -1, -1).contiguous())[:, -1]
+
+
+CHECK_EVERY = 8  # on a GPU decode asks whether every row is done (and the scores finite) every this many tokens
+HOST_CHECK_EVERY = 1  # on the CPU: every token
+
+
+def check_every(device) -> int:
+    """How often decode asks whether every row is done: on a GPU every CHECK_EVERY tokens (each answer stops the
+    host until the GPU catches up); on the CPU, where the answer is already on the host, at every token, so a
+    group stops at its last EOS and not up to 7 decode steps of the whole batch later (SmolLM2's 18-token
+    groups ran 24). The responses are the same either way: ended rows are fed EOS and cut at their first."""
+    return HOST_CHECK_EVERY if sampler_on_host(device) else CHECK_EVERY
 
 
 def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp,
-           decoder: StaticDecoder | None = None, drop_finished: bool = False, rows: int | None = None):
+           decoder: StaticDecoder | None = None, drop_finished: bool = False, rows: int | None = None,
+           shared: bool = False):
     """The one decode loop: row i continues prompts[i], one token per step chosen by pick(logits, rows),
     until every row has emitted EOS or max_new_tokens; returns responses_of the tokens. A finished row
-    is fed EOS, so the batch keeps its shape and numbers; the host checks for the end every CHECK_EVERY
-    tokens only (one sync). drop_finished (eager evaluation) drops ended rows at those checks (pick then
-    gets the rows' original indices); a compiled `decoder` keeps every row, filled up to `rows`."""
+    is fed EOS, so the batch keeps its shape and numbers; the host checks for the end every check_every
+    tokens (on a GPU one sync per CHECK_EVERY tokens). drop_finished (eager evaluation) drops ended rows at those checks (pick then
+    gets the rows' original indices); a compiled `decoder` keeps every row, filled up to `rows`. shared:
+    every row is one prompt, whose pass runs once (prompt_pass)."""
     n, device = len(prompts), prompts[0].device
     safe_id = max(eos_id, 0)  # a valid token id (the pad id), fed in place of ids drawn from unusable scores
     if decoder is not None:
         batch, mask, positions = filled_batch(prompts, rows, safe_id)
-        logits = decoder.prefill(batch, max_new_tokens, mask, positions)
+        logits = decoder.prefill(batch, max_new_tokens, mask, positions, shared=shared and mask is None)
         step = decoder.step
     else:
         batch, mask, positions = left_padded(prompts, safe_id)
-        logits, step, cache, padding = eager_decoder(model, batch, mask, positions, amp)
+        logits, step, cache, padding = eager_decoder(model, batch, mask, positions, amp, shared=shared)
     width = len(batch)
     tokens = torch.full((width, max_new_tokens), eos_id, dtype=torch.long, device=device)
     finished = torch.arange(width, device=device) >= n  # the filler rows are done from the start
@@ -972,7 +1027,7 @@ def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int,
     index = torch.arange(width, device=device)
     first_bad = torch.tensor(max_new_tokens + 1, device=device)  # the first new token drawn from unusable scores
     counts = torch.arange(1, max_new_tokens + 1, device=device)  # counts[t]: a device scalar, no host-to-device copy
-    steps = 0
+    steps, period = 0, check_every(device)
     for t in range(max_new_tokens):
         drawn = pick(logits[:n]) if live is None else pick(logits, live)
         if len(drawn) < len(logits):
@@ -985,7 +1040,7 @@ def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int,
         tokens[index, t] = nxt
         finished[index] |= nxt == eos_id
         steps = t + 1
-        if steps % CHECK_EVERY == 0 or steps == max_new_tokens:
+        if steps % period == 0 or steps == max_new_tokens:
             done, bad = torch.stack([finished.all().long(), first_bad]).tolist()  # the one host sync
             if bad <= max_new_tokens:
                 raise NonFiniteScores(f"the model's next-token scores are NaN or infinite at new token {bad}")
@@ -1034,14 +1089,14 @@ def left_padded(prompts: list[torch.Tensor], pad_id: int):
     return batch, mask, (mask.cumsum(dim=-1) - 1).masked_fill_(mask == 0, 1)
 
 
-def eager_decoder(model, batch: torch.Tensor, mask, positions, amp):
-    """Eager decoding with a DynamicCache: the prompt's last logits, and the step function that
-    feeds one token per row (growing the attention mask and moving each row's position by one)."""
+def eager_decoder(model, batch: torch.Tensor, mask, positions, amp, shared: bool = False):
+    """Eager decoding with a DynamicCache: the prompt's last logits (prompt_pass), and the step function
+    that feeds one token per row (growing the attention mask and moving each row's position by one)."""
     from transformers import DynamicCache
     cache, name = DynamicCache(config=model.config), cache_arg(model)
     padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
     with amp:
-        logits = next_token_scores(model, batch, cache, name, **padding)
+        logits = prompt_pass(model, batch, cache, name, shared and mask is None, **padding)
 
     def step(ids):
         if padding:  # one more real column per row; each row's position moves on by one
@@ -1103,6 +1158,7 @@ class Decoders:
     lengths: dict = dataclasses.field(default_factory=dict)  # use -> the longest prompt + its max new tokens
     static: dict = dataclasses.field(default_factory=dict)   # use -> (model, bf16 autocast?, StaticDecoder)
     failed: str | None = None
+    shared_prompt: bool | None = None  # the rollouts' prompt pass runs once (share_prompt_pass; None: not asked yet)
 
     def plan(self, use: str, problems: list[dict], max_new_tokens: int) -> None:
         """After check_problems: no later prompt makes the cache grow and recompile the decode step."""
@@ -1147,7 +1203,8 @@ class StaticDecoder:
         with self._amp():
             return next_token_scores(self.model, ids, self.cache, self.cache_name, **padding)
 
-    def prefill(self, batch: torch.Tensor, max_new_tokens: int, mask=None, positions=None) -> torch.Tensor:
+    def prefill(self, batch: torch.Tensor, max_new_tokens: int, mask=None, positions=None,
+                shared: bool = False) -> torch.Tensor:
         """Refresh the bf16 twin, run the prompt eagerly (its length varies) into a DynamicCache, copy
         it into the static cache (allocated once, `planned` long). Under autocast Qwen3 gives float32
         keys and bfloat16 values, which StaticCache cannot hold: both are stored in bfloat16."""
@@ -1157,7 +1214,7 @@ class StaticDecoder:
         prompt_cache = DynamicCache(config=self.model.config)
         padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
         with self._amp():
-            logits = next_token_scores(self.model, batch, prompt_cache, self.cache_name, **padding)
+            logits = prompt_pass(self.model, batch, prompt_cache, self.cache_name, shared, **padding)
         need = max(batch.shape[1] + max_new_tokens, self.planned)
         if self.cache is None or need > self.cache_len or batch.shape[0] != self.batch_size:
             self.cache_len, self.batch_size = -(-need // 256) * 256, batch.shape[0]

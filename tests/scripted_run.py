@@ -79,11 +79,21 @@ def run_scripted(tiny_model_dir, tiny_data_file, tmp_path_factory):
         model, tokenizer, eos_id = real_load(*a, **k)
         rec["initial"] = copy.deepcopy(model)
 
+        inside = {"model": False}
+
         def hook(module, args, kwargs):
+            inside["model"] = True
             ids = args[0] if args else kwargs["input_ids"]
             rec["forwards"].append({"ids": ids.clone(), "cached": cache_of(kwargs) is not None,
                                     "use_cache": kwargs.get("use_cache")})
+
+        def decoder_hook(module, args, kwargs):  # the decoder alone: the rollouts' prompt pass run once (one row)
+            if not inside["model"]:
+                hook(module, args, kwargs)
+                inside["model"] = False
         model.register_forward_pre_hook(hook, with_kwargs=True)
+        model.register_forward_hook(lambda *a: inside.update(model=False))
+        model.get_decoder().register_forward_pre_hook(decoder_hook, with_kwargs=True)
         return model, tokenizer, eos_id
 
     def streams(seed, step, rollouts, device):

@@ -117,7 +117,7 @@ class _EchoPositions(torch.nn.Module):
 @pytest.mark.parametrize("drop_finished", [False, True])
 def test_each_row_counts_its_own_positions_and_stops_at_its_eos(tiny_model, drop_finished, monkeypatch):
     model, _ = tiny_model
-    monkeypatch.setattr(T, "CHECK_EVERY", 1)  # the end test at every token: rows leave right at their EOS
+    assert T.HOST_CHECK_EVERY == 1  # the CPU's end test at every token: rows leave right at their EOS
     echo = _EchoPositions(model.config)
     prompts = [torch.tensor([3, 3, 3, 3]), torch.tensor([3]), torch.tensor([3, 3])]
     responses, cut = T.decode(echo, prompts, 8, 0, T.greedy_pick, T.nullcontext(),
@@ -131,7 +131,7 @@ def test_each_row_counts_its_own_positions_and_stops_at_its_eos(tiny_model, drop
     else:
         assert [len(pos) for _, pos in echo.seen] == [3] * 6
     echo.seen.clear()
-    monkeypatch.setattr(T, "CHECK_EVERY", 4)  # the end test every 4 tokens: the same responses
+    monkeypatch.setattr(T, "HOST_CHECK_EVERY", 4)  # the end test every 4 tokens (a GPU's 8): the same responses
     again, _ = T.decode(echo, prompts, 8, 0, T.greedy_pick, T.nullcontext(),
                         drop_finished=drop_finished)
     assert [r.tolist() for r in again] == [r.tolist() for r in responses]

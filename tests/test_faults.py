@@ -81,13 +81,17 @@ def test_a_huge_learning_rate_ends_the_run_with_a_checkpoint_and_no_traceback(ti
 def test_nan_scores_in_generation_stop_with_a_checkpoint_never_an_out_of_range_token(
         tiny_model_dir, tiny_data_file, tmp_path, capsys, monkeypatch):
     first_rollout_wins(monkeypatch)
-    real, calls = T.next_token_scores, {"n": 0}
+    real_scores, real_pass, real_group, at = T.next_token_scores, T.prompt_pass, T.sample_group, {"step": 0}
 
-    def scores(model, ids, cache, name, **kw):  # from step 2 on, the weights give NaN scores
-        calls["n"] += 1
-        logits = real(model, ids, cache, name, **kw)
-        return logits * float("nan") if calls["n"] > 6 else logits
-    monkeypatch.setattr(T, "next_token_scores", scores)
+    def group(step, *a, **k):
+        at["step"] = step
+        return real_group(step, *a, **k)
+
+    def poisoned(real):  # from step 2 on, the weights give NaN scores (the prompt pass's too)
+        return lambda *a, **k: real(*a, **k) * (float("nan") if at["step"] >= 2 else 1.0)
+    monkeypatch.setattr(T, "sample_group", group)
+    monkeypatch.setattr(T, "next_token_scores", poisoned(real_scores))
+    monkeypatch.setattr(T, "prompt_pass", poisoned(real_pass))
     out = tmp_path / "run"
     assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "max_new_tokens=6")) == 1
     captured = capsys.readouterr()

@@ -424,13 +424,14 @@ def _host_syncs(fn) -> tuple[int, int]:
     return Count.n, events
 
 
-def test_the_decode_loop_syncs_with_the_host_once_every_8_tokens(tiny_model):
-    """Greedy (a pick with no sync of its own), no EOS, 24 tokens against 8: the 16 more tokens
-    cost the decode loop 2 syncs (the end tests after tokens 16 and 24), not 16 (one per token).
-    Eager evaluation's loop (left-padded, drop_finished) adds one `any` per check, where it had a
-    `bool(ended.any())` per token: in the profiler 2 aten events per token are left, those of
-    transformers' own padding check (an item per forward), plus 2 per check (36, not 64)."""
+def test_the_decode_loop_syncs_with_the_host_once_every_8_tokens_on_a_gpu(tiny_model, monkeypatch):
+    """The GPU's loop (run on CPU tensors). Greedy (a pick with no sync of its own), no EOS, 24 tokens
+    against 8: the 16 more tokens cost the decode loop 2 syncs (the end tests after tokens 16 and 24),
+    not 16 (one per token). Eager evaluation's loop (left-padded, drop_finished) adds one `any` per check,
+    where it had a `bool(ended.any())` per token: in the profiler 2 aten events per token are left, those
+    of transformers' own padding check (an item per forward), plus 2 per check (36, not 64)."""
     model, _ = tiny_model
+    monkeypatch.setattr(T, "sampler_on_host", lambda device: False)  # the GPU's check period
 
     def more(prompts, **kw):
         (short, short_events), (long, long_events) = (_host_syncs(lambda: T.decode(
@@ -441,9 +442,11 @@ def test_the_decode_loop_syncs_with_the_host_once_every_8_tokens(tiny_model):
 
 
 def test_nan_scores_never_reach_the_embedding_and_stop_at_the_next_check(tiny_model, monkeypatch):
-    """Scores that turn NaN at new token 3 draw an out-of-range id; the loop feeds the safe id in
-    its place until the check after token 8 raises, naming token 3."""
+    """Scores that turn NaN at new token 3 draw an out-of-range id; the GPU's loop feeds the safe id in
+    its place until the check after token 8 raises, naming token 3 (the CPU's checks at token 3)."""
     model, _ = tiny_model
+    monkeypatch.setattr(T, "CHECK_EVERY", 8)
+    monkeypatch.setattr(T, "HOST_CHECK_EVERY", 8)  # the GPU's period; the sampler stays the CPU's
     seen, real = [], T.next_token_scores
 
     def poisoned(model, ids, cache, name, **kw):
@@ -455,3 +458,75 @@ def test_nan_scores_never_reach_the_embedding_and_stop_at_the_next_check(tiny_mo
     with pytest.raises(T.NonFiniteScores, match="NaN or infinite at new token 3$"):
         T.decode(model, [torch.tensor([5, 17, 33])] * 2, 12, -1, pick, T.nullcontext())
     assert len(seen) == 8 and max(seen) < model.config.vocab_size  # prefill + 7 steps, every id in range
+
+
+# ----------------------------------------------------------------------------------------------
+# The rollouts' prompt pass, run once for the group
+
+
+def _spec_prompt_ids(tok, problem="What is 5 + 5?"):
+    return torch.tensor(tok(T.build_prompt(T.SPEC_PROMPT, problem), add_special_tokens=False)["input_ids"])
+
+
+def test_the_shared_prompt_pass_is_the_batched_pass_bit_for_bit(tiny_model):
+    """One prompt in every row (the rollouts): its pass runs once and its keys and values are repeated; the
+    logits, keys and values are the batched pass's, so the group's tokens are too. (The LM head runs on every
+    row at once: on one row this machine's BLAS rounds it apart, and the check fails.)"""
+    model, tok = tiny_model
+    prompt = _spec_prompt_ids(tok)
+    assert len(prompt) >= 37  # measured: from about this length the BLAS's rows do not depend on the row count
+    assert T.same_prompt_pass(model, prompt.repeat(4, 1), T.nullcontext())
+    cfg = T.Config(group_size=4, max_new_tokens=10, temperature=1.0, top_p=0.9, device="cpu")
+    streams = lambda: T.rollout_streams(0, 1, range(4), "cpu")  # noqa: E731
+    decoders = T.Decoders()
+    shared = T.generate_rollouts(model, prompt, cfg, -1, streams(), T.nullcontext(), decoders)[0]
+    batched = T.generate_rollouts(model, prompt, cfg, -1, streams(), T.nullcontext())[0]
+    assert decoders.shared_prompt is True and [r.tolist() for r in shared] == [r.tolist() for r in batched]
+
+
+def test_where_the_shared_pass_rounds_apart_the_run_says_so_and_runs_every_rows_prompt(tiny_model, monkeypatch,
+                                                                                       capsys):
+    """A 5-token prompt: the tiny model's BLAS rounds a 5-row product apart from a 20-row one (measured), so
+    the check finds the difference, says so once, and the group's prompt pass runs batched: its tokens are
+    the batched pass's."""
+    model, _ = tiny_model
+    prompt = torch.tensor([5, 17, 33, 100, 7])
+    if T.same_prompt_pass(model, prompt.repeat(4, 1), T.nullcontext()):
+        pytest.skip("this machine's BLAS gives a 5-row and a 20-row product the same rows: nothing to fall back from")
+    cfg = T.Config(group_size=4, max_new_tokens=10, temperature=1.0, top_p=0.9, device="cpu")
+    decoders = T.Decoders()
+    calls = []
+    monkeypatch.setattr(T, "prompt_pass", lambda *a, **k: calls.append(a[4] if len(a) > 4 else False) or
+                        PROMPT_PASS(*a, **k))
+    got = [r.tolist() for r in T.generate_rollouts(model, prompt, cfg, -1, T.rollout_streams(0, 1, range(4), "cpu"),
+                                                   T.nullcontext(), decoders)[0]]
+    assert decoders.shared_prompt is False and calls == [True, False, False]  # the check's two, then batched
+    assert got == _rollouts(model, cfg, T.nullcontext())  # no Decoders: every row's prompt, as before
+    assert capsys.readouterr().err.count("differs in its last bits") == 1
+
+
+PROMPT_PASS = T.prompt_pass
+
+
+def test_on_the_cpu_a_group_stops_at_its_last_eos(tiny_model):
+    """The CPU's loop asks at every token whether every row is done (no device to wait for): a group whose
+    last EOS is its 3rd token runs the prompt pass and 2 decode steps, not 7 as with a check every 8 tokens,
+    and its responses are the same."""
+    model, _ = tiny_model
+    calls, real = [], model.forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    def pick(logits, rows=None):  # rows 0 and 1 end at their 2nd token, row 2 at its 3rd
+        drawn.append(1)
+        return torch.tensor([0 if len(drawn) == 2 else 9, 0 if len(drawn) == 2 else 9, 0 if len(drawn) == 3 else 9])
+    prompt = [torch.tensor([5, 17, 33])] * 3
+    model.forward = counted
+    try:
+        drawn = []
+        responses, cut = T.decode(model, prompt, 20, 0, pick, T.nullcontext())
+    finally:
+        model.forward = real
+    assert len(calls) == 3 and [r.tolist() for r in responses] == [[9, 0], [9, 0], [9, 9, 0]] and not any(cut)
