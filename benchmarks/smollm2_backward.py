@@ -133,7 +133,7 @@ def mm_floor(model, prompt_len: int, lengths: list[int]) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="runs/smollm2", type=Path)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     model, prompt, responses = group(args.model)

@@ -180,7 +180,7 @@ def best_of(fn, repeats: int = 5) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="runs/smollm2", type=Path)
-    ap.add_argument("--groups", type=int, default=3, help="groups of each kind, interleaved (the first is a warm-up)")
+    ap.add_argument("--groups", type=int, default=5, help="groups of each kind, interleaved (and one warm-up first)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     cfg, tok, model, problems = load(args.model)

@@ -163,3 +163,13 @@ def test_the_optimizer_step_gives_the_same_numbers_with_its_copies_on_either_sid
     assert norms == norms2 and norms[2][1] is None and all(n[1] > 0 for n in norms[:2])
     assert all(torch.equal(a, b) for a, b in zip(weights, weights2)) and all(w.isfinite().all() for w in weights)
     assert all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(state, state2))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
+def test_all_finite_finds_any_non_finite_weight_without_overflow(bad):
+    """optimizer_step's undo test: each tensor's min and max. A NaN anywhere, +inf or -inf is found; the
+    largest finite float32 (whose square or sum would overflow) is finite; an empty shard (fsdp) is skipped."""
+    w = [torch.full((3, 4), 3.4e38), torch.zeros(0), torch.randn(1000).to(torch.bfloat16)]
+    if bad is not None:
+        w[2][517] = bad
+    assert T.all_finite(w) is (bad is None)
