@@ -936,7 +936,8 @@ def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, e
         try:
             decoder = decoders.get(model, amp, use)
             check_compiled_decode(decoder, model, prompts, max_new_tokens, amp, rows)
-            return decode(model, prompts, max_new_tokens, eos_id, pick, amp, decoder=decoder, rows=rows, shared=shared)
+            return decode(model, prompts, max_new_tokens, eos_id, pick, amp, decoder=decoder, rows=rows,
+                          shared=shared)
         except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
             raise
         except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
@@ -950,11 +951,11 @@ def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, e
 
 
 def share_prompt_pass(model, prompts: list[torch.Tensor], amp, decoders: Decoders | None) -> bool:
-    """Whether the rollouts' prompt pass runs once for the whole group (prompt_pass; a run's Decoders remember the
-    answer, a call without them runs every row's). In float32 its numbers
-    must be the batched pass's bit for bit: compared once a run, at the first group (one batched pass more);
-    where they differ (a BLAS whose kernels depend on the number of rows), every row's prompt runs as before,
-    and the run says so. In bf16 the decode paths differ by ulps already: shared without a check."""
+    """Whether the rollouts' prompt pass runs once for the whole group (prompt_pass; a run's Decoders keep the
+    answer, a call without them runs every row's). In float32 its numbers must be the batched pass's bit for
+    bit: compared once a run, at the first group (one batched pass more); where they differ (a BLAS whose
+    kernels depend on the number of rows), every row's prompt runs as before, and the run says so. In bf16
+    the decode paths differ by ulps already: shared without a check."""
     if decoders is None or len(prompts) < 2 or any(p is not prompts[0] for p in prompts) or RANKS.sharding == "fsdp":
         return False  # fsdp: its root forward must come first (FSDP2's lazy init), and each rank holds a few rows
     if decoders.shared_prompt is not None:
@@ -973,7 +974,7 @@ def same_prompt_pass(model, batch: torch.Tensor, amp) -> bool:
     from transformers import DynamicCache
     caches = [DynamicCache(config=model.config) for _ in range(2)]
     with amp:
-        logits = [prompt_pass(model, batch, cache, cache_arg(model), shared) for cache, shared in zip(caches, (True, False))]
+        logits = [prompt_pass(model, batch, c, cache_arg(model), shared) for c, shared in zip(caches, (True, False))]
     return torch.equal(*logits) and all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
                                         for a, b in zip(*(c.layers for c in caches)))
 
@@ -1008,9 +1009,9 @@ def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int,
     """The one decode loop: row i continues prompts[i], one token per step chosen by pick(logits, rows),
     until every row has emitted EOS or max_new_tokens; returns responses_of the tokens. A finished row
     is fed EOS, so the batch keeps its shape and numbers; the host checks for the end every check_every
-    tokens (on a GPU one sync per CHECK_EVERY tokens). drop_finished (eager evaluation) drops ended rows at those checks (pick then
-    gets the rows' original indices); a compiled `decoder` keeps every row, filled up to `rows`. shared:
-    every row is one prompt, whose pass runs once (prompt_pass)."""
+    tokens (on a GPU one sync per CHECK_EVERY tokens). drop_finished (eager evaluation) drops ended rows
+    at those checks (pick then gets the rows' original indices); a compiled `decoder` keeps every row,
+    filled up to `rows`. shared: every row is one prompt, whose pass runs once (prompt_pass)."""
     n, device = len(prompts), prompts[0].device
     safe_id = max(eos_id, 0)  # a valid token id (the pad id), fed in place of ids drawn from unusable scores
     if decoder is not None:
@@ -1439,9 +1440,10 @@ def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[tor
     mine = rank_share(t.cfg.group_size)
     terms = loss_terms(t, group, first_pass, mine)
     if t.cfg.mask_truncated_completions and all(group.cut) and not group.zero_variance:
-        warn_once(t, "every response masked", f"warning: step {step}: every response of a group with reward variance was cut at max_new_tokens "
-                  f"({t.cfg.max_new_tokens}) and mask_truncated_completions leaves each out of the loss, so it trains "
-                  "nothing (said once a run; raise max_new_tokens or set mask_truncated_completions: false)")
+        warn_once(t, "every response masked", f"warning: step {step}: every response of a group with reward variance "
+                  f"was cut at max_new_tokens ({t.cfg.max_new_tokens}) and mask_truncated_completions leaves each out "
+                  "of the loss, so it trains nothing (said once a run; raise max_new_tokens or set "
+                  "mask_truncated_completions: false)")
     with agreed("backward", step, longest=max(len(r) for r in responses), prompt_tokens=len(prompt_ids), cfg=t.cfg):
         p = accumulate_policy_gradient(t.model, t.params, prompt_ids, responses, advantages[mine.start:mine.stop].to(
             t.device), t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size, terms.divisors,

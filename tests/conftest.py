@@ -55,7 +55,8 @@ def inductor_problem() -> str | None:
         probe(torch.arange(256, dtype=torch.float32).reshape(4, 64))
     except Exception as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        why = next((line.split("error:", 1)[1].strip() for line in lines if "error:" in line), lines[-1] if lines else "")
+        errors = [line.split("error:", 1)[1].strip() for line in lines if "error:" in line]
+        why = errors[0] if errors else lines[-1] if lines else ""
         return f"torch.compile's C++ (inductor) does not build on this machine ({type(e).__name__}: {why[:160]})"
     return None
 

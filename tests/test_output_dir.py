@@ -217,7 +217,8 @@ def test_a_run_killed_after_logging_a_step_resumes_to_the_same_logs(every_output
     (out / "final").rename(tmp_path / "final-aside")  # a kill before the last checkpoint leaves no final/
     first_rollout_wins(monkeypatch)
     assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "save_every=2", "keep_last=3", "token_report=true",
-                           f"eval_dataset={tiny_data_file}", "eval_problems=2", "eval_max_new_tokens=6", "resume=auto")) == 0
+                           f"eval_dataset={tiny_data_file}", "eval_problems=2", "eval_max_new_tokens=6",
+                           "resume=auto")) == 0
     tokens = _records(out / "tokens.jsonl")
     assert [r["step"] for r in tokens] == [1] * 4 + [2] * 4 + [3] * 4
     for name in T.APPENDED_FILES:
