@@ -28,6 +28,7 @@ import hashlib
 import importlib.util
 import inspect
 import io
+import itertools
 import json
 import math
 import os
@@ -68,6 +69,7 @@ PRECISIONS = ("auto", "fp32", "bf16-autocast", "bf16")
 ADVANTAGE_STDS = ("group", "none")                                            # see compute_advantages
 LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  # see loss_divisors
 ZERO_VARIANCES = ("step", "skip", "resample")                                 # see step_or_skip, draw_group
+CREDITS = ("sequence", "monte_carlo", "tree")                                 # see assign_credit
 
 
 @dataclass
@@ -101,6 +103,12 @@ class Config:
     clip_eps: float = 0.2
     clip_eps_high: float = 0.0  # DAPO's clip-higher: the ratio's upper bound is 1 + clip_eps_high (0: clip_eps)
     mask_truncated_completions: bool = False  # TRL's: a response cut at max_new_tokens has no term in the loss
+    # which tokens earn the credit (docs/variants.md, "Credit"); each default is the spec's: one A_i per response
+    credit: str = "sequence"  # sequence (the spec), monte_carlo (VinePPO, SPO-chain) or tree (SPO-tree, TreeRPO)
+    credit_segment_tokens: int = 32  # a segment's most tokens (cut at a line or sentence end where there is one)
+    credit_samples: int = 4  # monte_carlo: continuations sampled at each cut
+    tree_branching: str = "2,2,2"  # tree: the branches at each level, whose product is group_size
+    top_entropy_quantile: float = 1.0  # TRL's: the policy term only on the group's highest-entropy tokens (1: all)
     token_report: bool = False
     seed: int = 0
     device: str = "cuda"
@@ -241,6 +249,12 @@ def validate_config(cfg: Config) -> None:
         ("ppo_epochs", 1 <= cfg.ppo_epochs <= 64, "an integer in [1, 64] (optimizer steps per group)"),
         ("clip_eps", 0 < cfg.clip_eps < 1, "a number in (0, 1) (the ratio is clipped to [1 - eps, 1 + eps])"),
         ("clip_eps_high", 0 <= cfg.clip_eps_high <= 10, "0 (equal to clip_eps) or a number in (0, 10] (DAPO: 0.28)"),
+        ("credit", cfg.credit in CREDITS, "one of " + ", ".join(CREDITS)),
+        ("credit_segment_tokens", 1 <= cfg.credit_segment_tokens <= 2**20, "an integer in [1, 1048576]"),
+        ("credit_samples", 1 <= cfg.credit_samples <= 256, "an integer in [1, 256] (continuations at each cut)"),
+        ("tree_branching", cfg.credit != "tree" or math.prod(tree_levels(cfg.tree_branching) or [0]) == cfg.group_size,
+         f"integers >= 2 separated by commas whose product is group_size {cfg.group_size} (e.g. 2,2,2 for 8)"),
+        ("top_entropy_quantile", 0 < cfg.top_entropy_quantile <= 1, "a number in (0, 1] (1: every token)"),
         ("seed", 0 <= cfg.seed < 2**63, "an integer in [0, 2**63) (torch's seeds are 64-bit)"),
         ("compile", cfg.compile in ("auto", "true", "false"), "auto, true or false"),
         ("logprob_batch_size", cfg.logprob_batch_size >= 1, "an integer >= 1"),
@@ -268,6 +282,15 @@ def validate_config(cfg: Config) -> None:
     for key, ok, want in checks:
         if not ok:
             raise UserError(f"config key '{key}' must be {want}, got {getattr(cfg, key)!r}")
+
+
+def tree_levels(branching: str) -> list[int] | None:
+    """tree_branching's branches per level ("2,2,2" -> [2, 2, 2]), None when it is not integers >= 2."""
+    try:
+        levels = [int(x) for x in branching.split(",")]
+    except ValueError:
+        return None
+    return levels if levels and all(b >= 2 for b in levels) else None
 
 
 def eval_checks(cfg: Config) -> list[tuple[str, bool, str]]:
@@ -754,14 +777,19 @@ class Trainer:
 
 def sample_group(step: int, draw: int, problem: dict, prompt_ids: torch.Tensor, t: Trainer):
     """This rank's rollouts of the group (rank_share; one process: all of them), each drawn from its own random stream
-    (keyed by the draw: the step, without resampling), so the tokens do not depend on the number of processes."""
+    (keyed by the draw: the step, without resampling), so the tokens do not depend on the number of processes.
+    Returns them, whether each was cut at max_new_tokens, and with credit=tree the whole group's Tree (else None)."""
     mine = rank_share(t.cfg.group_size)
     progress(f"[step {step}] generating {t.cfg.group_size} rollouts (problem {problem['index']})")
     with agreed("generation", step, rollouts=len(mine), prompt_tokens=len(prompt_ids), cfg=t.cfg), \
             full_weights(t.model):
+        amp = autocast(t.device, t.precision)
+        if t.cfg.credit == "tree":  # every rank grows the whole tree (its prefixes are shared); rank 0's is used
+            tree = from_rank0(generate_tree(t.model, t.tokenizer, prompt_ids, t.cfg, t.eos_id, draw, amp))
+            leaves = [prompt_ids.new_tensor(tree.leaves[i]) for i in mine]
+            return leaves, [tree.cut[i] for i in mine], tree
         streams = rollout_streams(t.cfg.seed, draw, mine, t.device)
-        return generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id, streams, autocast(t.device, t.precision),
-                                 t.decoders)
+        return (*generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id, streams, amp, t.decoders), None)
 
 
 @torch.no_grad()
@@ -776,6 +804,89 @@ def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int,
     with weight_cast_cache(amp, prompt_ids.device.type):
         return compiled_or_eager(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, cfg, streams, "rollouts",
                                  decoders=decoders)
+
+
+@dataclass
+class Tree:
+    """credit=tree: the group sampled as a tree. Leaf i (rollout i, in order) is the path of child indices
+    leaf_paths(levels)[i]; its response is the segments of the nodes along that path, segment k (starting at
+    token segments[i][k]) the node at depth k. A node that ended (EOS or max_new_tokens) has no more segments:
+    the leaves under it are copies of it."""
+    leaves: list[list[int]]      # each leaf's response tokens
+    cut: list[bool]              # each leaf cut at max_new_tokens (no EOS)
+    segments: list[list[int]]    # each leaf's segment starts
+    generated: int               # tokens sampled for the tree, those cut off at a segment's end included
+
+
+def leaf_paths(levels: list[int]) -> list[tuple[int, ...]]:
+    return list(itertools.product(*(range(b) for b in levels)))
+
+
+@torch.no_grad()
+def generate_tree(model, tokenizer, prompt_ids: torch.Tensor, cfg: Config, eos_id: int, draw: int, amp) -> Tree:
+    """credit=tree (SPO-tree, TreeRPO): the group's rollouts as a tree that branches tree_branching[k] ways at
+    depth k. Every node is one segment, sampled from prompt + its parent's tokens with the run's sampler and its
+    own random stream (seed, draw, path): at most credit_segment_tokens tokens, cut at the last line or sentence
+    end in them (segment_end; the rest is dropped), except at the last depth, which runs to EOS or
+    max_new_tokens. One batched decode per depth."""
+    levels, device = tree_levels(cfg.tree_branching), prompt_ids.device
+    nodes = {(): (prompt_ids.new_empty(0), False)}  # path -> (the tokens from the response's start, ended)
+    starts, frontier, generated = {}, [()], 0
+    for depth, branches in enumerate(levels):
+        last = depth == len(levels) - 1
+        children = [path + (c,) for path in frontier for c in range(branches)]
+        live = [p for p in children if not nodes[p[:-1]][1]]
+        rooms = [cfg.max_new_tokens - len(nodes[p[:-1]][0]) for p in live]
+        outs = []
+        if live:
+            streams = [torch.Generator(device=device).manual_seed(stream_seed(cfg.seed, "tree", draw, *p)) for p in live]
+            longest = max(rooms) if last else min(cfg.credit_segment_tokens, max(rooms))
+            outs, _ = decode(model, [torch.cat([prompt_ids, nodes[p[:-1]][0]]) for p in live], longest, eos_id,
+                             sampling_pick(streams, cfg.temperature, cfg.top_p, device), amp, drop_finished=True)
+        sampled = dict(zip(live, zip(outs, rooms)))
+        for p in children:
+            tokens, ended = nodes[p[:-1]]
+            starts[p] = len(tokens)
+            if not ended:
+                out, room = sampled[p]
+                generated += len(out)
+                out = out[:room]
+                stopped = len(out) > 0 and int(out[-1]) == eos_id
+                if not last and not stopped:
+                    out = out[:segment_end([tokenizer.decode([i]) for i in out.tolist()], 0, cfg.credit_segment_tokens,
+                                           whole=False)]
+                tokens = torch.cat([tokens, out])
+                ended = last or stopped or len(tokens) >= cfg.max_new_tokens
+            nodes[p] = (tokens, ended)
+        frontier = children
+    leaves = [nodes[p][0] for p in frontier]
+    segments = [[starts[p[:k + 1]] for k in range(len(p)) if starts[p[:k + 1]] < len(nodes[p][0])] for p in frontier]
+    return Tree([r.tolist() for r in leaves], [not (len(r) and int(r[-1]) == eos_id) for r in leaves], segments,
+                generated)
+
+
+def segment_end(pieces: list[str], start: int, limit: int, whole: bool = True) -> int:
+    """Where a segment that starts at token `start` ends (exclusive), the pieces being the tokens' texts: after
+    at most `limit` tokens, at the last line end or sentence end inside them (after a token holding a newline,
+    or ending in . ! or ? with the next token opening with white space), else after `limit` tokens. whole: the
+    pieces are the whole response, so a segment that reaches their end ends there."""
+    end = min(start + limit, len(pieces))
+    if whole and end == len(pieces):
+        return end
+    for k in range(end, start, -1):  # a cut after token k - 1
+        piece, after = pieces[k - 1], pieces[k] if k < len(pieces) else " "
+        if "\n" in piece or (piece.endswith((".", "!", "?")) and after[:1].isspace()):
+            return k
+    return end
+
+
+def segment_starts(pieces: list[str], limit: int) -> list[int]:
+    """The token index where each segment of a response starts (segment_end, from token 0 to its end)."""
+    starts, k = [], 0
+    while k < len(pieces):
+        starts.append(k)
+        k = segment_end(pieces, k, limit)
+    return starts
 
 
 def rollout_streams(seed: int, step: int, rollouts, device) -> list[torch.Generator]:
@@ -1352,9 +1463,12 @@ class Group:
     cut: list[bool]
     rewards: torch.Tensor
     zero_variance: bool  # every reward equal: decided here, once (equal_rewards); every later move reads it
+    draw: int = 0  # the draw that keyed its random streams (the step's, without resampling)
+    tree: Tree | None = None  # credit=tree: how the group was sampled
 
 
-def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answer: str, t: Trainer) -> Group:
+def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answer: str, t: Trainer, draw: int = 0,
+                tree: Tree | None = None) -> Group:
     """Score this rank's rollouts; every rank receives the whole group (its advantages standardize over all of it)."""
     note(f"step {step}: rewards")
     texts = [t.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
@@ -1365,7 +1479,7 @@ def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answe
                            dtype=torch.float32)
     check_stop()  # safe point for SIGINT/SIGTERM
     progress(f"[step {step}] rewards {rewards.tolist()}; backward")
-    return Group(texts, scored, tokens, cut, rewards, equal_rewards(rewards))
+    return Group(texts, scored, tokens, cut, rewards, equal_rewards(rewards), draw, tree)
 
 
 def equal_rewards(rewards: torch.Tensor) -> bool:
@@ -1405,6 +1519,133 @@ def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str
     return (rewards - rewards.mean()) / (rewards.std(unbiased=True) + std_eps)
 
 
+# Credit: which tokens earn the advantage (the spec's last paragraph). The spec gives every token of response i
+# the same A_i. credit=monte_carlo and credit=tree give each segment of a response its change of value, V(end of
+# segment) - V(start), a value being a mean reward: V at the response's start the group's mean, at its end its
+# own reward, in between the mean reward of credit_samples continuations sampled from that cut (monte_carlo) or
+# of the tree's leaves under that node (tree). With advantage_std=group the changes are divided by the group's
+# std + std_eps like the spec's A_i: a response's segment advantages then add up to its A_i exactly (the values
+# telescope), so a segment that did not change the value gets 0 and the response's total is the spec's.
+# top_entropy_quantile keeps the policy term on the group's highest-entropy tokens only (TRL's, 2506.01939).
+
+@dataclass
+class Credit:
+    """Every token's advantage (credit other than the spec's, or top_entropy_quantile < 1): what the loss uses for
+    this rank's responses, and for rollouts.jsonl the whole group's segments, values and token advantages."""
+    weights: list[torch.Tensor]           # per response of this rank: A_it times the entropy mask (the loss's)
+    segments: list[list[int]]             # per response of the group: the token where each segment starts
+    values: list[list[float]]             # per response of the group: V at each segment's start, then at its end
+    token_advantages: list[list[float]]   # per response of the group: A_it as the loss uses it, before the mask
+    generated: int                        # tokens sampled for the step: the group's, continuations and branches
+
+
+def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
+                  advantages: torch.Tensor, answer: str, t: Trainer) -> Credit | None:
+    """The token advantages A_it of this rank's responses (None: the spec's A_i for every token, nothing to do).
+    A zero-variance group keeps every advantage 0 (and samples no continuation): credit redistributes the
+    group's signal over tokens, it does not make one."""
+    cfg = t.cfg
+    if cfg.credit == "sequence" and cfg.top_entropy_quantile >= 1:
+        return None
+    mine, G = rank_share(cfg.group_size), cfg.group_size
+    scale = (group.rewards.std(unbiased=True) + cfg.std_eps) if cfg.advantage_std == "group" else torch.tensor(1.0)
+    generated = sum(group.tokens)
+    if cfg.credit == "tree":
+        starts, values, trained = tree_values(group.tree, group.rewards.tolist(), tree_levels(cfg.tree_branching))
+        generated = group.tree.generated
+    elif cfg.credit == "monte_carlo":
+        pieces = [[t.tokenizer.decode([i]) for i in r.tolist()] for r in responses]
+        starts = [segment_starts(p, cfg.credit_segment_tokens) for p in pieces]
+        cuts, sampled = ([[] for _ in mine], 0) if group.zero_variance else continuation_values(
+            step, prompt_ids, responses, starts, group.draw, answer, mine, t)
+        shares = gather_objects((starts, cuts, sampled))
+        starts, cuts = [x for s in shares for x in s[0]], [x for s in shares for x in s[1]]
+        generated += sum(s[2] for s in shares)
+        mean = float(group.rewards.mean())
+        values = [[mean, *(c or [mean] * (len(st) - 1)), float(r)] for st, c, r in zip(starts, cuts, group.rewards)]
+        trained = None
+    else:  # the spec's credit, with the entropy mask
+        starts, values, trained = [[0]] * G, [[float(group.rewards.mean()), float(r)] for r in group.rewards], None
+    token_advantages = []
+    for i in range(G):
+        length, st, v = group.tokens[i], starts[i], torch.tensor(values[i], dtype=torch.float32)
+        a = torch.zeros(length)
+        if not group.zero_variance:
+            deltas = advantages[i].reshape(1) if cfg.credit == "sequence" else (v[1:] - v[:-1]) / scale
+            for j, (begin, end) in enumerate(zip(st, [*st[1:], length])):
+                a[begin:end] = deltas[j]
+            if trained is not None:
+                a = a * trained[i]
+        token_advantages.append(a)
+    masks = entropy_masks(prompt_ids, responses, t)
+    weights = [(token_advantages[i] * (1.0 if masks is None else masks[j])).to(t.device) for j, i in enumerate(mine)]
+    return Credit(weights, starts, values, [a.tolist() for a in token_advantages], generated)
+
+
+def tree_values(tree: Tree, rewards: list[float], levels: list[int]):
+    """Each leaf's segment starts, values (the root's V is the group's mean reward, a node's the mean reward of
+    the leaves under it) and which of its tokens it trains: a segment that several leaves share (a node above
+    them) is trained by the first of them alone, once, with its node's advantage; in the others its tokens are 0."""
+    paths = leaf_paths(levels)
+
+    def value(node):
+        under = [r for p, r in zip(paths, rewards) if p[:len(node)] == node]
+        return sum(under) / len(under)
+    values, trained = [], []
+    for i, path in enumerate(paths):
+        depth = len(tree.segments[i])
+        values.append([value(path[:k]) for k in range(depth + 1)])
+        mask = torch.zeros(len(tree.leaves[i]))
+        for k, (begin, end) in enumerate(zip(tree.segments[i], [*tree.segments[i][1:], len(tree.leaves[i])])):
+            mask[begin:end] = float(all(c == 0 for c in path[k + 1:]))  # the first leaf under the node trains it
+        trained.append(mask)
+    return tree.segments, values, trained
+
+
+@torch.no_grad()
+def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], starts: list[list[int]],
+                        draw: int, answer: str, mine: range, t: Trainer) -> tuple[list[list[float]], int]:
+    """credit=monte_carlo (VinePPO, SPO-chain): V at each cut of this rank's responses (their segment starts after
+    the first), the mean reward of credit_samples continuations sampled from prompt + the response up to the cut
+    with the run's sampler, scored like the rollouts (the verifier, plus format_reward's bonus), each from its own
+    stream (seed, draw, rollout, cut, sample). Returns the values per response and the tokens sampled."""
+    cfg = t.cfg
+    rows = [(j, c, k) for j, st in enumerate(starts) for c in range(1, len(st)) for k in range(cfg.credit_samples)]
+    values, sampled = [[0.0] * (len(st) - 1) for st in starts], 0
+    with agreed("credit", step, rollouts=len(rows), prompt_tokens=len(prompt_ids), cfg=t.cfg), full_weights(t.model):
+        size = cfg.group_size * cfg.credit_samples
+        for begin in range(0, len(rows), size):
+            batch = rows[begin:begin + size]
+            prefixes = [responses[j][:starts[j][c]] for j, c, _ in batch]
+            rooms = [cfg.max_new_tokens - len(p) for p in prefixes]
+            streams = [torch.Generator(device=t.device).manual_seed(stream_seed(
+                cfg.seed, "continuation", draw, mine[j], c, k)) for j, c, k in batch]
+            outs, _ = decode(t.model, [torch.cat([prompt_ids, p]) for p in prefixes], max(rooms), t.eos_id,
+                             sampling_pick(streams, cfg.temperature, cfg.top_p, t.device),
+                             autocast(t.device, t.precision), drop_finished=True)
+            outs = [o[:room] for o, room in zip(outs, rooms)]
+            sampled += sum(len(o) for o in outs)
+            texts = [t.tokenizer.decode(torch.cat([p, o]).tolist(), skip_special_tokens=True)
+                     for p, o in zip(prefixes, outs)]
+            ended = [len(o) > 0 and int(o[-1]) == t.eos_id for o in outs]
+            for (j, c, _), (reward, _, status), stop in zip(batch, score_rollouts(t.scorer, texts, answer), ended):
+                values[j][c - 1] += (reward + format_bonus(status, not stop, cfg.format_reward)) / cfg.credit_samples
+    return values, sampled
+
+
+def entropy_masks(prompt_ids: torch.Tensor, responses: list[torch.Tensor], t: Trainer) -> list[torch.Tensor] | None:
+    """top_entropy_quantile q < 1: per token of this rank's responses, whether the policy's entropy there is at
+    least the group's (1 - q) quantile (torch.quantile over every response token of the group, TRL's rule).
+    The entropy is of the distribution the loss trains (no temperature), from one more forward per response."""
+    q = t.cfg.top_entropy_quantile
+    if q >= 1:
+        return None
+    entropies = [token_entropies(t.model, prompt_ids, r, autocast(t.device, t.precision)).cpu() for r in responses]
+    every = torch.tensor([x for share in gather_objects([e.tolist() for e in entropies]) for e in share for x in e])
+    threshold = torch.quantile(every, 1 - q)
+    return [(e >= threshold).float() for e in entropies]
+
+
 # ----------------------------------------------------------------------------------------------
 # Log-probabilities and loss
 
@@ -1419,6 +1660,7 @@ class LossTerms:
     clip_low: float = 0.2                     # the ratio is clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.2
     masked: list[bool] | None = None          # mask_truncated_completions: the responses that have no term
+    weights: list | None = None               # credit / top_entropy_quantile: A_it per token (Credit.weights)
 
 
 @dataclass
@@ -1433,12 +1675,13 @@ class Pass:
 
 
 def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
-                        advantages: torch.Tensor, t: Trainer, first_pass: list | None = None) -> Pass:
+                        advantages: torch.Tensor, t: Trainer, first_pass: list | None = None,
+                        credit: Credit | None = None) -> Pass:
     """accumulate_policy_gradient over this rank's responses, the gradients then summed across ranks
     so that every rank holds the whole group's. first_pass: a later epoch of ppo_epochs (the first
     pass's token log-probs). Returns the group's Pass (token log-probs: this rank's)."""
     mine = rank_share(t.cfg.group_size)
-    terms = loss_terms(t, group, first_pass, mine)
+    terms = loss_terms(t, group, first_pass, mine, credit)
     if t.cfg.mask_truncated_completions and all(group.cut) and not group.zero_variance:
         warn_once(t, "every response masked", f"warning: step {step}: every response of a group with reward variance "
                   f"was cut at max_new_tokens ({t.cfg.max_new_tokens}) and mask_truncated_completions leaves each out "
@@ -1457,15 +1700,18 @@ def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[tor
                 sum(s[2] for s in shares), sum(s[3] for s in shares))
 
 
-def loss_terms(t: Trainer, group: Group, first_pass: list | None, mine: range) -> LossTerms:
+def loss_terms(t: Trainer, group: Group, first_pass: list | None, mine: range, credit: Credit | None = None
+               ) -> LossTerms:
     """The settings' LossTerms for this rank's responses: the divisors of loss_aggregation (a masked
-    response's tokens do not count), the KL's reference, a later epoch's old log-probs, the clip range."""
+    response's tokens do not count), the KL's reference, a later epoch's old log-probs, the clip range,
+    and with credit its token advantages."""
     cfg = t.cfg
     masked = [cfg.mask_truncated_completions and c for c in group.cut]
     counted = [0 if m else n for n, m in zip(group.tokens, masked)]
     divisors = loss_divisors(cfg.loss_aggregation, counted if any(masked) else group.tokens, cfg.max_new_tokens)
     return LossTerms(divisors[mine.start:mine.stop], t.reference, cfg.kl_coef, first_pass, cfg.clip_eps,
-                     cfg.clip_eps_high or cfg.clip_eps, masked[mine.start:mine.stop] if any(masked) else None)
+                     cfg.clip_eps_high or cfg.clip_eps, masked[mine.start:mine.stop] if any(masked) else None,
+                     None if credit is None else credit.weights)
 
 
 def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp,
@@ -1520,14 +1766,18 @@ def response_loss(advantage: torch.Tensor, log_probs: torch.Tensor, seq_log_prob
       with kl_coef = beta > 0, plus      +beta sum_t k3_it              (q_it: the reference's) kl_k3
       mask_truncated_completions         0 for a response cut at max_new_tokens (TRL's: its tokens leave
                                          the loss, the KL's too)
+      credit, top_entropy_quantile       -sum_t A_it l_it, A_it the token's own (assign_credit) token_policy_loss
+                                         (and in a later epoch's clipped objective in place of A_i)
     Variants' terms sit here beside the spec's: docs/variants.md, "adding a variant"."""
     divisor, kl, held = terms.divisors[i], None, None
     if terms.masked is not None and terms.masked[i]:
         return torch.zeros((), device=log_probs.device), kl, held
+    a = advantage if terms.weights is None else terms.weights[i]  # credit: A_it per token
     if terms.old is None:
-        loss = policy_loss(advantage, seq_log_prob, divisor)
+        loss = policy_loss(a, seq_log_prob, divisor) if terms.weights is None else token_policy_loss(a, log_probs,
+                                                                                                     divisor)
     else:
-        objective, held = clipped_objective(advantage, log_probs, terms.old[i], terms.clip_low, terms.clip_high)
+        objective, held = clipped_objective(a, log_probs, terms.old[i], terms.clip_low, terms.clip_high)
         loss = -objective / divisor
     if terms.kl_coef:
         k3 = kl_k3(ref_log_probs, log_probs)
@@ -1546,6 +1796,12 @@ def policy_loss(advantage: torch.Tensor, seq_log_prob: torch.Tensor, divisor: in
     """One response's term of policy_loss = -(1/G) * sum_i stopgrad(A_i) * sequence_log_prob_i
     (divisor G, the spec), or of a variant's aggregation (divisor from loss_divisors)."""
     return -(advantage.detach() * seq_log_prob) / divisor
+
+
+def token_policy_loss(token_advantages: torch.Tensor, log_probs: torch.Tensor, divisor: int) -> torch.Tensor:
+    """One response's term with a token's own advantage (credit, top_entropy_quantile): -sum_t A_it l_it / divisor,
+    the spec's term when every A_it is A_i (summed in another order: why the spec's run keeps policy_loss)."""
+    return -(token_advantages.detach() * log_probs).sum() / divisor
 
 
 def kl_k3(ref_log_probs: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
@@ -1600,6 +1856,16 @@ def token_log_probs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor,
         # use_cache=False: one forward over the whole sequence, no KV cache built for nothing
         logits = model(input_ids, use_cache=False, logits_to_keep=len(response_ids)).logits[0]
     return gathered_log_probs(logits, response_ids)
+
+
+@torch.no_grad()
+def token_entropies(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
+    """The policy's entropy -sum_v p log p at each response token's position (top_entropy_quantile), float32."""
+    input_ids = torch.cat([prompt_ids, response_ids[:-1]]).unsqueeze(0)
+    with amp:
+        logits = model(input_ids, use_cache=False, logits_to_keep=len(response_ids)).logits[0].float()
+    log_p = logits.log_softmax(dim=-1)
+    return -(log_p.exp() * log_p).sum(dim=-1)
 
 
 def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch.Tensor], amp) -> list[torch.Tensor]:
@@ -1785,9 +2051,13 @@ def train_step(step: int, candidates: list[dict], draw: int, t: Trainer) -> Step
     problem, prompt_ids, responses, group, set_aside = draw_group(step, candidates, draw, t, clock)
     advantages = compute_advantages(group.rewards, t.cfg.std_eps, t.cfg.advantage_std,
                                     zero_variance=group.zero_variance)
+    credit = assign_credit(step, prompt_ids, responses, group, advantages, problem["answer"], t)  # the spec: None
+    if credit is not None:
+        clock.lap("credit")
     epochs, first = [], None
     for epoch in range(1, t.cfg.ppo_epochs + 1):  # the spec: one
-        done = backpropagate_group(step, prompt_ids, responses, group, advantages, t, first and first.token_log_probs)
+        done = backpropagate_group(step, prompt_ids, responses, group, advantages, t, first and first.token_log_probs,
+                                   credit)
         clock.lap("logprob_backward")
         grad_norm, moved = step_or_skip(group, done.loss, t)
         clock.lap("optimizer")
@@ -1796,7 +2066,8 @@ def train_step(step: int, candidates: list[dict], draw: int, t: Trainer) -> Step
         if moved is None:  # undone (non-finite): the group takes no further epoch
             break
     changes = token_changes(prompt_ids, responses, group, first, epochs, t)
-    return step_report(step, problem, t.cfg, group, advantages, first.seq_log_probs, epochs, clock, set_aside, changes)
+    return step_report(step, problem, t.cfg, group, advantages, first.seq_log_probs, epochs, clock, set_aside, changes,
+                       credit)
 
 
 def draw_group(step: int, candidates: list[dict], draw: int, t: Trainer, clock):
@@ -1807,9 +2078,9 @@ def draw_group(step: int, candidates: list[dict], draw: int, t: Trainer, clock):
     set_aside = []
     for k, problem in enumerate(candidates):
         prompt_ids = torch.tensor(problem["prompt_ids"], device=t.device)  # tokenized once, by check_problems
-        responses, cut = sample_group(step, draw + k, problem, prompt_ids, t)  # this rank's share (one process: all)
+        responses, cut, tree = sample_group(step, draw + k, problem, prompt_ids, t)  # this rank's share
         clock.lap("generation")
-        group = score_group(step, responses, cut, problem["answer"], t)
+        group = score_group(step, responses, cut, problem["answer"], t, draw + k, tree)
         clock.lap("rewards")
         if k == len(candidates) - 1 or not group.zero_variance:
             return problem, prompt_ids, responses, group, set_aside
@@ -1854,7 +2125,7 @@ class StepRecord:
 
 
 def step_report(step, problem, cfg, group: Group, advantages, seq_log_probs, epochs: list[dict], clock,
-                set_aside: list = (), changes: list[dict] | None = None) -> StepRecord:
+                set_aside: list = (), changes: list[dict] | None = None, credit: Credit | None = None) -> StepRecord:
     """The step's record. The metrics' loss and norms are the first epoch's (the spec's step); with ppo_epochs > 1
     every epoch's are under "epochs". Groups set aside (zero_variance=resample) come first in the rollouts."""
     first, figures = epochs[0], group_figures(cfg, group)
@@ -1868,12 +2139,20 @@ def step_report(step, problem, cfg, group: Group, advantages, seq_log_probs, epo
     if cfg.zero_variance == "resample":
         metrics["problems_drawn"] = len(set_aside) + 1
         metrics["set_aside"] = [dict(problem_index=p["index"], **group_figures(cfg, g)) for p, g in set_aside]
+    if cfg.credit != "sequence":  # what the credit cost: the group's tokens and its continuations or branches
+        metrics["generated_tokens"] = credit.generated + sum(g.tree.generated if g.tree else sum(g.tokens)
+                                                             for _, g in set_aside)
     metrics["timings"] = clock.timings
     rollouts = [r for p, g in set_aside for r in group_rollouts(step, p, cfg, g, torch.zeros(len(g.texts)),
                                                               [None] * len(g.texts), set_aside=True)]
     mine = group_rollouts(step, problem, cfg, group, advantages, seq_log_probs)
+    if cfg.credit != "sequence":
+        for i, r in enumerate(mine):
+            r.update(segments=credit.segments[i], values=credit.values[i], token_advantages=credit.token_advantages[i])
     tokens = [dict(step=step, problem_index=problem["index"], rollout=r["rollout"], reward=r["reward"],
-                   advantage=r["advantage"], **c) for r, c in zip(mine, changes or [])]
+                   advantage=r["advantage"], **c, **({} if credit is None else
+                                                     {"token_advantages": credit.token_advantages[r["rollout"]]}))
+              for r, c in zip(mine, changes or [])]
     return StepRecord(metrics, rollouts + mine, tokens)
 
 
@@ -1945,7 +2224,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
             with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as t.scorer:
                 begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
                 s.eval_log = on_rank0(read_eval_log, s.out, eval_steps_in(od.resume_from), s.steps)
-                say(format_header(cfg.group_size, table_extras(cfg.ppo_epochs, cfg.kl_coef)))
+                say(format_header(cfg.group_size, table_extras(cfg.ppo_epochs, cfg.kl_coef, cfg.credit != "sequence")))
                 for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
                     say(format_row(m))
                 s.started, s.first_step = time.perf_counter(), len(s.history) + 1
@@ -2038,16 +2317,18 @@ COLUMNS = [("step", 6), ("correct/{G}", 11), ("reward mean", 13), ("sample std",
            ("response tokens", 17), ("policy loss", 13), ("grad norm", 11), ("update norm", 13),
            ("seconds", 0)]
 # Shown only when their variant is on, before the seconds: the spec's table stays as it is.
-EXTRA_COLUMNS = [("epoch", 7), ("clipped", 9), ("kl", 11)]
+EXTRA_COLUMNS = [("epoch", 7), ("clipped", 9), ("kl", 11), ("generated", 11)]
 
 
 def table_columns(extras=()) -> list[tuple[str, int]]:
     return COLUMNS[:-1] + [c for c in EXTRA_COLUMNS if c[0] in extras] + COLUMNS[-1:]
 
 
-def table_extras(ppo_epochs: int, kl_coef: float) -> list[str]:
-    """The extra columns of a run: the epoch and the clipped fraction with ppo_epochs > 1, the KL with kl_coef."""
-    return (["epoch", "clipped"] if ppo_epochs > 1 else []) + (["kl"] if kl_coef else [])
+def table_extras(ppo_epochs: int, kl_coef: float, generated: bool = False) -> list[str]:
+    """The extra columns of a run: the epoch and the clipped fraction with ppo_epochs > 1, the KL with kl_coef,
+    the tokens generated for the step (continuations and branches too) with a credit other than the spec's."""
+    return ((["epoch", "clipped"] if ppo_epochs > 1 else []) + (["kl"] if kl_coef else [])
+            + (["generated"] if generated else []))
 
 
 def _row(cells: list[str], columns=COLUMNS) -> str:
@@ -2069,7 +2350,7 @@ def _fixed(x: float, digits: int) -> str:
 def format_row(m: dict) -> str:
     """The step's row; with ppo_epochs > 1 one row per epoch (its loss, norms, clipped fraction and
     KL), with zero_variance=resample a marked row for each group set aside before it."""
-    extras = table_extras(len(m.get("epochs", [None])), "kl" in m)
+    extras = table_extras(len(m.get("epochs", [None])), "kl" in m, "generated_tokens" in m)
     columns = table_columns(extras)
     group = [str(m["correct"]), _fixed(m["reward_mean"], 3), _fixed(m["reward_std"], 6), f"{m['response_tokens']:>4d}"]
     lines = [_row([str(m["step"]), str(g["correct"]), _fixed(g["reward_mean"], 3), _fixed(g["reward_std"], 6),
@@ -2082,6 +2363,8 @@ def format_row(m: dict) -> str:
             cells += [str(e["epoch"]), f"{e['clipped_fraction']:.3f}"]
         if "kl" in extras:
             cells.append(f"{e['kl']:.3e}")
+        if "generated" in extras:
+            cells.append(f"{m['generated_tokens']:>5d}" if k == 0 else "")
         lines.append(_row(cells + [f"{m['seconds']:.1f}" if k == 0 else ""], columns))
     return "\n".join(lines)
 
@@ -2442,6 +2725,8 @@ def plot_run(out: Path, required: bool = False) -> Path | None:
     tokens = read_jsonl(out / "tokens.jsonl", ("step", "rollout", "reward", "tokens", "before", "after"))
     if tokens:  # token_report
         save_picture(token_figure(tokens), out / "tokens.png")
+    if tokens and "token_advantages" in tokens[-1]:  # token_report with a credit
+        save_picture(credit_figure(tokens), out / "credit.png")
     return out / "run.png"
 
 
@@ -2510,34 +2795,57 @@ def token_figure(records: list[dict]):
     """tokens.png (token_report): the best-rewarded response of the last step in tokens.jsonl, each token on
     a background coloured by the change of its log-probability over that step (after - before; blue up, red
     down, white unchanged), and the mean change inside its last \\boxed{} (the answer) against the rest."""
+    last = [r for r in records if r["step"] == records[-1]["step"]]
+    rec = max(last, key=lambda r: (r["reward"], -r["rollout"]))
+    change = [a - b for a, b in zip(rec["after"], rec["before"])]
+    inside, outside = answer_changes(rec["tokens"], change)
+    mean = lambda v: f"{sum(v) / len(v):+.4f} ({len(v)} token{'s' * (len(v) != 1)})" if v else "none"  # noqa: E731
+    title = (f"step {rec['step']}, problem {rec['problem_index']}, rollout {rec['rollout']}: reward {rec['reward']:g}, "
+             f"advantage {rec['advantage']:+.3f}\nbackground: the change of each token's log-probability over the "
+             f"step\nmean change inside the last \\boxed{{}}: {mean(inside)}; elsewhere: {mean(outside)}")
+    return text_figure(token_lines(rec["tokens"], change, 96), title, "log-probability after - before")
+
+
+def credit_figure(records: list[dict]):
+    """credit.png (token_report with a credit other than the spec's): the last step's whole group, each response
+    from a new line after its rollout and reward, each token on a background coloured by the advantage A_it the
+    loss gave it (blue pushed up, red down, white 0: a token trained in another leaf of a tree, or a segment
+    whose value did not change)."""
+    last = sorted((r for r in records if r["step"] == records[-1]["step"]), key=lambda r: r["rollout"])
+    lines, row = [], 0
+    for rec in last:
+        head = f"#{rec['rollout']} r={rec['reward']:g}: "
+        body = token_lines(rec["tokens"], rec["token_advantages"], 96 - len(head))
+        lines += [(0, row, head, 0.0)] + [(x + len(head), y + row, shown, a) for x, y, shown, a in body]
+        row += body[-1][1] + 1 if body else 1
+    title = (f"step {last[0]['step']}, problem {last[0]['problem_index']}: the group's token advantages\n"
+             "background: the advantage A_it the loss gave each token")
+    return text_figure(lines, title, "token advantage A_it")
+
+
+def text_figure(lines: list[tuple[int, int, str, float]], title: str, label: str):
+    """Tokens laid out as lines (token_lines: column, row, text, value), each on a background coloured by its
+    value on a symmetric blue-white-red scale, the title above, the colour bar below."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import RendererAgg
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
     from matplotlib.font_manager import FontProperties
-    last = [r for r in records if r["step"] == records[-1]["step"]]
-    rec = max(last, key=lambda r: (r["reward"], -r["rollout"]))
-    change = [a - b for a, b in zip(rec["after"], rec["before"])]
-    scale, cols = max(max(abs(c) for c in change), 1e-12), 96
-    inside, outside = answer_changes(rec["tokens"], change)
-    lines = token_lines(rec["tokens"], change, cols)
+    scale, cols = max(max(abs(c) for _, _, _, c in lines), 1e-12), 96
     rows, used = lines[-1][1] + 1, max(x + len(shown) for x, _, shown, _ in lines)
     # Laid out by hand in inches, the figure as big as its text: one x unit is one character of the
-    # monospaced font, one y unit one row. The character's width is measured as tokens.png is saved (100
+    # monospaced font, one y unit one row. The character's width is measured as the picture is saved (100
     # dpi): hinting rounds each advance to whole pixels (0.63 em there, not the font's 0.602).
     size, row_h, dpi = 8, 0.22, 100
-    mean = lambda v: f"{sum(v) / len(v):+.4f} ({len(v)} token{'s' * (len(v) != 1)})" if v else "none"  # noqa: E731
-    title = (f"step {rec['step']}, problem {rec['problem_index']}, rollout {rec['rollout']}: reward {rec['reward']:g}, "
-             f"advantage {rec['advantage']:+.3f}\nbackground: the change of each token's log-probability over the "
-             f"step\nmean change inside the last \\boxed{{}}: {mean(inside)}; elsewhere: {mean(outside)}")
 
     def inches(text, **font):
         return RendererAgg(1, 1, dpi).get_text_width_height_descent(text, FontProperties(**font), ismath=False)[0] / dpi
 
     char_w = inches("0" * cols, family="monospace", size=size) / cols
     width = max(used * char_w, *(inches(line, size=9) + 0.05 for line in title.split("\n")))  # the text or the title
-    title_h, text_h, bar_h, margin, side = 0.62, rows * row_h, 0.12, 0.15, 0.3  # side: the colour bar's end labels
+    title_h = 0.22 * (title.count("\n") + 1) - 0.04
+    text_h, bar_h, margin, side = rows * row_h, 0.12, 0.15, 0.3  # side: the colour bar's end labels
     fig_w, fig_h = width + 2 * side, margin + title_h + text_h + 0.3 + bar_h + 0.5
     fig = Figure(figsize=(fig_w, fig_h), dpi=dpi)
     ax = fig.add_axes([side / fig_w, 1 - (margin + title_h + text_h) / fig_h, width / fig_w, text_h / fig_h])
@@ -2549,7 +2857,7 @@ def token_figure(records: list[dict]):
                 parse_math=False, bbox=dict(facecolor=cmap(norm(c)), edgecolor="none", pad=0.6))  # $ is text
     ax.set_title(title, fontsize=9, loc="left", pad=0.1 * 72)
     bar = fig.add_axes([side / fig_w, 0.5 / fig_h, width / fig_w, bar_h / fig_h])
-    fig.colorbar(ScalarMappable(norm, cmap), cax=bar, orientation="horizontal", label="log-probability after - before")
+    fig.colorbar(ScalarMappable(norm, cmap), cax=bar, orientation="horizontal", label=label)
     return fig
 
 
@@ -2967,7 +3275,7 @@ APPENDED_FILES = (*LOG_FILES, "tokens.jsonl", "eval.jsonl")
 # output_dir/config.yaml, or output_dir=., must not replace the file it reads); checkpoints keep config.yaml.
 RUN_CONFIG = "run_config.yaml"
 RUN_CONFIG_MARK = "# rlvr: the resolved settings of the run in this folder\n"  # without it: not ours
-RUN_FILES = (*APPENDED_FILES, RUN_CONFIG, "eval_summary.json", "run.png", "tokens.png")  # what a run writes at the top
+RUN_FILES = (*APPENDED_FILES, RUN_CONFIG, "eval_summary.json", "run.png", "tokens.png", "credit.png")  # what a run writes at the top
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json", "config.yaml", *LOG_FILES)
 MANIFEST = "manifest.json"                       # size and sha256 of every file beside it, written last
 LOCK_FILE = ".rlvr.lock"
@@ -3661,6 +3969,10 @@ def fault_message(error: Exception, phase: str, step: int | None, cfg: Config, p
         return (f"CUDA out of memory at step {step} while generating {rollouts} rollouts of up to "
                 f"{cfg.max_new_tokens} tokens after a {prompt_tokens}-token prompt; lower max_new_tokens "
                 "or group_size, or set precision: bf16")
+    if phase == "credit":
+        return (f"CUDA out of memory at step {step} while sampling {rollouts} continuations of up to "
+                f"{cfg.max_new_tokens} tokens after a {prompt_tokens}-token prompt (credit=monte_carlo); lower "
+                "credit_samples, max_new_tokens or group_size")
     if phase == "backward":
         return (f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
                 f"tokens after a {prompt_tokens}-token prompt; lower max_new_tokens, set "

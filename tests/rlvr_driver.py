@@ -4,6 +4,7 @@ variable RLVR_DRIVER (JSON). Nothing here is part of the product.
   fake_rewards: true    rollout 0 of every group scores 1, the rest 0, so every step trains (with
                         several processes, rollout 0 is rank 0's first)
   flat_answers: [...]   with fake_rewards: the problems with these answers score 0 (zero variance)
+  text_rewards: true    a text scores 1 when its length is even (by_text), whoever scores it
   die_at: [rank, step]  that rank SIGKILLs itself as it starts generating for that step
   hang_at: [rank, step] that rank sleeps (for an hour) as it starts generating for that step
   flip_advantages: true the advantages' sign is negated: training pushes away from the reward
@@ -30,6 +31,12 @@ def first_rollout_wins(scorer, texts, gold):
     return [(1.0 if i == 0 and T.RANKS.rank == 0 else 0.0, None, "wrong") for i in range(len(texts))]
 
 
+def by_text(scorer, texts, gold):
+    """A reward by the text alone (1 when its length is even): the same for a text whichever rank, batch or call
+    scores it, as credit's continuations need for several processes to match one."""
+    return [(1.0 if len(x) % 2 == 0 else 0.0, None, "wrong") for x in texts]
+
+
 def flat_for(answers):
     """first_rollout_wins, except that the problems with these answers score 0 throughout (zero variance)."""
     def score(scorer, texts, gold):
@@ -41,6 +48,8 @@ def main():
     opts = json.loads(os.environ.get("RLVR_DRIVER", "{}"))
     if opts.get("fake_rewards"):
         T.score_rollouts = flat_for(set(opts.get("flat_answers", ())))
+    if opts.get("text_rewards"):
+        T.score_rollouts = by_text
     real_streams = T.rollout_streams
 
     def streams(seed, step, rollouts, device):

@@ -279,3 +279,43 @@ def test_kl_ppo_resample_and_token_report_give_the_one_process_run_on_two_proces
     assert max(abs(u - v) for x, y in zip(ta, tb) for k in ("before", "after") for u, v in zip(x[k], y[k])) <= 1e-5
     wa, wb = load_file(one / "final" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
     assert wa.keys() == wb.keys() and max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5
+
+
+CREDITS = {"monte_carlo": ["credit=monte_carlo", "credit_segment_tokens=2", "credit_samples=2",
+                           "top_entropy_quantile=0.5"],
+           "tree": ["credit=tree", "tree_branching=2,2", "credit_segment_tokens=3", "top_entropy_quantile=0.5"]}
+
+
+@pytest.fixture(scope="module")
+def credit_one_process(tiny_model_dir, tiny_data_file, tmp_path_factory):
+    mp, runs = pytest.MonkeyPatch(), {}
+    mp.setattr(T, "score_rollouts", rlvr_driver.by_text)
+    for name, extra in CREDITS.items():
+        runs[name] = tmp_path_factory.mktemp(name) / "run"
+        assert T.main(_args(tiny_model_dir, tiny_data_file, runs[name], "num_problems=2", "eval_problems=0",
+                            *extra)) == 0
+    mp.undo()
+    return runs
+
+
+@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
+@pytest.mark.parametrize("credit", ["monte_carlo", "tree"])
+def test_each_credit_gives_the_one_process_run_on_two_processes(credit_one_process, tiny_model_dir, tiny_data_file,
+                                                                tmp_path, credit, sharding):
+    """Continuations and branches draw from streams keyed by (seed, draw, rollout, cut, sample) or the node's
+    path, the tree is rank 0's on every rank, values and entropies are gathered: two processes take the
+    one-process run's rollouts, credit and steps (rewards by the text, whichever rank scores it)."""
+    out = tmp_path / "two"
+    code, stdout, stderr, _ = _torchrun(_args(tiny_model_dir, tiny_data_file, out, "num_problems=2",
+                                              "eval_problems=0", f"sharding={sharding}", *CREDITS[credit]),
+                                        {"text_rewards": True})
+    assert code == 0, stderr[-3000:]
+    a, b = _jsonl(credit_one_process[credit] / "rollouts.jsonl"), _jsonl(out / "rollouts.jsonl")
+    keys = ("step", "rollout", "response", "reward", "advantage", "tokens", "segments", "values")
+    assert [tuple(r[k] for k in keys) for r in a] == [tuple(r[k] for k in keys) for r in b]
+    assert max(abs(u - v) for x, y in zip(a, b) for u, v in zip(x["token_advantages"], y["token_advantages"])) <= 1e-6
+    assert any(v != r["values"][0] for r in a for v in r["values"][1:])  # some credit to compare
+    for x, y in zip(_jsonl(credit_one_process[credit] / "metrics.jsonl"), _jsonl(out / "metrics.jsonl")):
+        assert x["generated_tokens"] == y["generated_tokens"]
+        for key in ("policy_loss", "grad_norm", "update_norm"):
+            assert abs(x[key] - y[key]) <= 1e-5 * max(1.0, abs(x[key])), (key, x[key], y[key])

@@ -1,0 +1,287 @@
+"""Finer credit than one advantage per response (credit = monte_carlo or tree, top_entropy_quantile): worked
+numbers for segments, values and token advantages, the entropy mask, the settings' checks, and runs through
+main() and torchrun. The spec's run is unchanged by all of it (tests/test_variants.py's fixture)."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import rlvr_driver
+import train_rlvr as T
+from conftest import ROOT
+from run_helpers import main_args, one_line_error
+
+
+def _trainer(**settings):
+    cfg = T.Config(device="cpu", **settings)
+    tok = SimpleNamespace(decode=lambda ids, **kw: "".join(f"<{i}>" for i in ids))
+    return SimpleNamespace(cfg=cfg, tokenizer=tok, device=torch.device("cpu"), precision="fp32", model=None,
+                           scorer=None, eos_id=0, decoders=T.Decoders())
+
+
+def _group(rewards, tokens, tree=None, draw=3):
+    r = torch.tensor(rewards, dtype=torch.float32)
+    return T.Group(["x"] * len(rewards), [(x, None, "wrong") for x in rewards], tokens, [False] * len(rewards), r,
+                   T.equal_rewards(r), draw, tree)
+
+
+# ----------------------------------------------------------------------------------------------
+# Segments: cut at a line end or a sentence end, else after credit_segment_tokens
+
+
+def test_segments_end_at_the_last_line_or_sentence_end_within_the_limit():
+    pieces = ["41", " +", " 6", " =", " 47", "\n", "47", " +", " 8", " =", " 55", "\n", "So", " it", ".", " Done", "."]
+    assert T.segment_starts(pieces, 32) == [0]  # the whole response fits one segment
+    assert T.segment_starts(pieces, 8) == [0, 6, 12]  # after each "\n"; "." then " Done" is a sentence end too
+    assert T.segment_starts(pieces, 4) == [0, 4, 6, 10, 12, 15]  # no line end in 0-3: a hard cut at 4
+    assert T.segment_end(["3", ".", "5", " x"], 0, 4, whole=False) == 4  # "3.5": no white space after the "."
+    assert T.segment_end(["a", ".", " b", "c", "d"], 0, 4, whole=False) == 2
+    assert T.segment_end(["a", "b"], 0, 8) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Tree: node values, each token's advantage, shared tokens trained once
+
+
+def _tree():
+    # levels 2, 2: leaves (0,0) (0,1) (1,0) (1,1); node (0,) is tokens 0-2 of leaves 0 and 1, node (1,) tokens 0-1
+    # of leaves 2 and 3; node (1,) ended at EOS, so leaves 2 and 3 are its copies (one segment each)
+    leaves = [[5, 6, 7, 8, 0], [5, 6, 7, 9, 9, 0], [4, 0], [4, 0]]
+    return T.Tree(leaves, [False] * 4, [[0, 3], [0, 3], [0], [0]], generated=11)
+
+
+def test_a_hand_built_tree_gives_its_node_values_and_trains_a_shared_token_once():
+    """Rewards 1, 0, 0, 0: V(root) = 0.25, V(0) = 0.5, V(1) = 0, the leaves their rewards. Segment advantages
+    are changes of value over the group's std + eps (0.5 + 1e-4): node (0,) +0.25 / 0.5001 = 0.49990, leaf 0's
+    own segment +0.5 / 0.5001 = 0.99980, leaf 1's -0.99980, node (1,) -0.49990. The shared node (0,) is trained
+    by leaf 0 alone (0 in leaf 1), node (1,) by leaf 2 alone (0 in its copy, leaf 3)."""
+    t = _trainer(group_size=4, credit="tree", tree_branching="2,2")
+    tree = _tree()
+    starts, values, trained = T.tree_values(tree, [1.0, 0.0, 0.0, 0.0], [2, 2])
+    assert values == [[0.25, 0.5, 1.0], [0.25, 0.5, 0.0], [0.25, 0.0], [0.25, 0.0]]
+    assert [m.tolist() for m in trained] == [[1] * 5, [0, 0, 0, 1, 1, 1], [1, 1], [0, 0]]
+    group = _group([1.0, 0.0, 0.0, 0.0], [5, 6, 2, 2], tree)
+    adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
+    credit = T.assign_credit(1, torch.tensor([1, 2]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    a, b = 0.25 / 0.5001, 0.5 / 0.5001
+    expected = [[a, a, a, b, b], [0, 0, 0, -b, -b, -b], [-a, -a], [0, 0]]
+    for got, want in zip(credit.token_advantages, expected):
+        assert got == pytest.approx(want, abs=1e-6)
+    assert credit.generated == 11 and credit.segments == tree.segments
+    # each shared token's advantage counted once: the group's tokens, weighted once each, add up to the nodes'
+    assert sum(x for w in credit.weights for x in w.tolist()) == pytest.approx(3 * a + 2 * b - 3 * b - 2 * a)
+
+
+def test_the_tree_is_sampled_level_by_level_with_a_stream_per_node(tiny_model):
+    """generate_tree on the tiny model: 4 leaves for branching 2,2; the leaves under a node share its tokens; a
+    node's tokens come from its own stream, so the tree is the same whichever order or batch draws it."""
+    model, tok = tiny_model
+    cfg = T.Config(group_size=4, credit="tree", tree_branching="2,2", credit_segment_tokens=3, max_new_tokens=8,
+                   temperature=1.0, device="cpu")
+    prompt = torch.tensor([5, 17, 33, 100, 7])
+    tree = T.generate_tree(model, tok, prompt, cfg, -1, 1, T.nullcontext())
+    assert len(tree.leaves) == 4 and all(len(r) == 8 for r in tree.leaves) and all(tree.cut)
+    first = [s[1] for s in tree.segments]
+    assert tree.leaves[0][:first[0]] == tree.leaves[1][:first[1]] and tree.leaves[2][:first[2]] == \
+        tree.leaves[3][:first[3]]
+    assert tree.leaves[0][:first[0]] != tree.leaves[2][:first[2]]  # another branch at the root
+    assert tree.generated == sum(first[::2]) + 4 * 8 - sum(first)  # each node's tokens sampled once
+    assert T.generate_tree(model, tok, prompt, cfg, -1, 1, T.nullcontext()) == tree
+    assert T.generate_tree(model, tok, prompt, cfg, -1, 2, T.nullcontext()) != tree  # another draw
+
+
+# ----------------------------------------------------------------------------------------------
+# Monte Carlo: values from continuations
+
+
+def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
+    """Response 0 (3 segments) has V = 0.25 at its first cut and 0.75 at its second, response 1 (1 segment) none:
+    with rewards 1, 0 (mean 0.5, std 0.7071), segment advantages (0.25 - 0.5), (0.75 - 0.25), (1 - 0.75) over
+    0.7071 + 1e-4; response 1's whole -0.5 / 0.7072, which is its A_i. A segment whose value does not change
+    gets 0."""
+    t = _trainer(group_size=2, credit="monte_carlo", credit_segment_tokens=2)
+    seen = {}
+
+    def values(step, prompt_ids, responses, starts, draw, answer, mine, t):
+        seen.update(starts=starts, draw=draw, mine=list(mine))
+        return [[0.25, 0.75], []], 12
+    monkeypatch.setattr(T, "continuation_values", values)
+    monkeypatch.setattr(T, "segment_starts", lambda pieces, limit: [0, 2, 4] if len(pieces) == 5 else [0])
+    responses = [torch.tensor([5, 6, 7, 8, 0]), torch.tensor([9, 0])]
+    group = _group([1.0, 0.0], [5, 2])
+    adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    s = 2 ** 0.5 / 2 + 1e-4
+    assert seen == {"starts": [[0, 2, 4], [0]], "draw": 3, "mine": [0, 1]}
+    assert credit.values == [[0.5, 0.25, 0.75, 1.0], [0.5, 0.0]]
+    assert credit.token_advantages[0] == pytest.approx([-0.25 / s] * 2 + [0.5 / s] * 2 + [0.25 / s], rel=1e-6)
+    assert credit.token_advantages[1] == pytest.approx([adv[1].item()] * 2, rel=1e-6)
+    assert credit.generated == 7 + 12
+    monkeypatch.setattr(T, "continuation_values", lambda *a: ([[0.5, 1.0], []], 0))  # the first segment: no change
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    assert credit.token_advantages[0][:2] == [0.0, 0.0]
+
+
+def test_continuation_values_average_the_scored_continuations_of_each_cut(monkeypatch):
+    """Every (cut, sample) is a row: prompt + the response up to the cut, its own stream (seed, draw, rollout,
+    cut, sample), at most max_new_tokens - cut new tokens; the text scored is prefix + continuation."""
+    t = _trainer(group_size=2, credit="monte_carlo", credit_samples=2, max_new_tokens=6)
+    t.scorer, t.model = object(), torch.nn.Linear(1, 1)
+    calls = []
+
+    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False):
+        calls.append(([p.tolist() for p in prompts], max_new))
+        return [torch.tensor([30 + k, 0]) for k in range(len(prompts))], [False] * len(prompts)
+    monkeypatch.setattr(T, "decode", decode)
+    seeds = []
+    monkeypatch.setattr(T, "stream_seed", lambda seed, *key: seeds.append(key) or 1)
+    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
+        (0.0 if "<30>" in x else 1.0, None, "wrong") for x in texts])
+    values, sampled = T.continuation_values(1, torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])],
+                                            [[0, 2, 4]], 3, "1", range(1, 2), t)
+    assert calls == [([[1, 5, 6]] * 2 + [[1, 5, 6, 7, 8]] * 2, 4)]
+    assert seeds == [("continuation", 3, 1, 1, 0), ("continuation", 3, 1, 1, 1), ("continuation", 3, 1, 2, 0),
+                     ("continuation", 3, 1, 2, 1)]
+    assert values == [[0.5, 1.0]] and sampled == 8  # every sample scores 1 but <30>, the first cut's first
+
+
+# ----------------------------------------------------------------------------------------------
+# The spec's credit, and the entropy mask
+
+
+def test_the_spec_credit_is_no_credit_and_with_the_entropy_mask_every_token_gets_a_i(monkeypatch):
+    t = _trainer(group_size=2)
+    group = _group([1.0, 0.0], [3, 2])
+    adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
+    responses = [torch.tensor([5, 6, 0]), torch.tensor([9, 0])]
+    assert T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t) is None
+    t = _trainer(group_size=2, top_entropy_quantile=0.5)
+    monkeypatch.setattr(T, "token_entropies", lambda model, p, r, amp: torch.tensor([0.1, 0.5, 0.9][:len(r)])
+                        if len(r) == 3 else torch.tensor([0.2, 0.8]))
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    assert credit.token_advantages == [[adv[0].item()] * 3, [adv[1].item()] * 2]
+    # the group's entropies 0.1 0.2 0.5 0.8 0.9: the median 0.5 and above are kept
+    assert [w.tolist() for w in credit.weights] == [[0.0, adv[0].item(), adv[0].item()], [0.0, adv[1].item()]]
+
+
+def test_the_entropy_mask_keeps_the_top_quantile_of_the_groups_tokens(monkeypatch):
+    """TRL's rule: the threshold is the (1 - q) quantile of every token's entropy in the group (linear
+    interpolation), tokens at or above it keep their policy term: q = 0.5 over 0.1 0.2 0.3 0.5 0.8 0.9 gives
+    0.4, q = 0.2 gives 0.8."""
+    t = _trainer(group_size=2, top_entropy_quantile=0.5)
+    entropies = {4: torch.tensor([0.1, 0.5, 0.9, 0.3]), 2: torch.tensor([0.2, 0.8])}
+    monkeypatch.setattr(T, "token_entropies", lambda model, p, r, amp: entropies[len(r)])
+    responses = [torch.zeros(4, dtype=torch.long), torch.zeros(2, dtype=torch.long)]
+    assert [m.tolist() for m in T.entropy_masks(torch.tensor([1]), responses, t)] == [[0, 1, 1, 0], [0, 1]]
+    t.cfg.top_entropy_quantile = 0.2
+    assert [m.tolist() for m in T.entropy_masks(torch.tensor([1]), responses, t)] == [[0, 0, 1, 0], [0, 1]]
+    t.cfg.top_entropy_quantile = 1.0
+    assert T.entropy_masks(torch.tensor([1]), responses, t) is None
+
+
+def test_token_entropies_of_a_hand_made_distribution():
+    """Logits (0, 0, -inf...) are a fair coin: ln 2; (30, 0, ...) nearly certain: ~0; four equal: ln 4."""
+    class Fixed(torch.nn.Module):
+        def forward(self, ids, use_cache=False, logits_to_keep=0):
+            logits = torch.full((1, 3, 4), -1e9)
+            logits[0, 0, :2] = 0.0
+            logits[0, 1, 0] = 30.0
+            logits[0, 1, 1:] = 0.0
+            logits[0, 2] = 0.0
+            return SimpleNamespace(logits=logits)
+    got = T.token_entropies(Fixed(), torch.tensor([1, 2]), torch.tensor([3, 4, 0]), T.nullcontext())
+    assert got.tolist() == pytest.approx([math.log(2), 0.0, math.log(4)], abs=1e-6)
+
+
+def test_a_zero_variance_group_keeps_every_advantage_zero_and_samples_no_continuation(monkeypatch):
+    t = _trainer(group_size=2, credit="monte_carlo")
+    monkeypatch.setattr(T, "continuation_values", lambda *a: pytest.fail("continuations of a zero-variance group"))
+    group = _group([1.0, 1.0], [3, 2])
+    adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=True)
+    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor([5, 6, 0]), torch.tensor([9, 0])], group, adv,
+                             "1", t)
+    assert credit.token_advantages == [[0.0] * 3, [0.0] * 2]
+
+
+# ----------------------------------------------------------------------------------------------
+# Settings and runs
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("credit=vine", "config key 'credit' must be one of sequence, monte_carlo, tree, got 'vine'"),
+    ("credit_samples=0", "config key 'credit_samples' must be an integer in [1, 256]"),
+    ("credit_segment_tokens=0", "config key 'credit_segment_tokens' must be an integer in [1, 1048576]"),
+    ("tree_branching=3,3", "config key 'tree_branching' must be integers >= 2 separated by commas whose product is "
+                           "group_size 4 (e.g. 2,2,2 for 8), got '3,3'"),
+    ("tree_branching=4,1", "config key 'tree_branching' must be integers >= 2"),
+    ("top_entropy_quantile=0", "config key 'top_entropy_quantile' must be a number in (0, 1] (1: every token), got 0.0"),
+])
+def test_each_credit_setting_out_of_range_is_one_line(setting, message, tiny_model_dir, tiny_data_file, tmp_path,
+                                                      capsys):
+    extra = ["credit=tree"] if setting.startswith("tree_branching") else []
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, tmp_path / "o", *extra, setting)) == 2
+    one_line_error(capsys, message)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def credit_runs(tiny_model_dir, tiny_data_file, tmp_path_factory):
+    """Two steps of each method on the tiny model, rewards by the response's text (rlvr_driver.by_text)."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(T, "score_rollouts", rlvr_driver.by_text)
+    runs = {}
+    for name, extra in (("monte_carlo", ["credit=monte_carlo", "credit_segment_tokens=2", "credit_samples=2"]),
+                        ("tree", ["credit=tree", "tree_branching=2,2", "credit_segment_tokens=3"]),
+                        ("entropy", ["top_entropy_quantile=0.3"])):
+        out = tmp_path_factory.mktemp(name) / "run"
+        assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=2", "learning_rate=1e-3",
+                                "save_every=1", "token_report=true", *extra)) == 0
+        runs[name] = out
+    mp.undo()
+    return runs
+
+
+@pytest.mark.parametrize("name", ["monte_carlo", "tree"])
+def test_a_runs_rollouts_hold_each_tokens_credit_and_its_values_telescope(credit_runs, name):
+    """rollouts.jsonl: segments, values (one more), token_advantages (one per token); a response's segment
+    advantages add up to its A_i (the values telescope; the tree's shared tokens aside); metrics count the
+    tokens generated, continuations and branches included, and the table shows them."""
+    out = credit_runs[name]
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(m["reward_std"] > 0 for m in metrics)
+    for r in rollouts:
+        assert len(r["values"]) == len(r["segments"]) + 1 and len(r["token_advantages"]) == r["tokens"]
+        assert r["segments"][0] == 0 and r["segments"] == sorted(set(r["segments"]))
+        m = metrics[r["step"] - 1]
+        if m["reward_std"] > 0:
+            scale = m["reward_std"] + 1e-4
+            assert (r["values"][-1] - r["values"][0]) / scale == pytest.approx(r["advantage"], abs=1e-5)
+            firsts = [r["token_advantages"][s] for s in r["segments"]]
+            if name == "monte_carlo":
+                assert firsts == pytest.approx([(b - a) / scale for a, b in zip(r["values"], r["values"][1:])],
+                                               abs=1e-5)
+    for m in metrics:
+        assert m["generated_tokens"] >= (m["response_tokens"] if name == "monte_carlo" else 1)
+    assert (out / "credit.png").stat().st_size > 5_000
+
+
+def test_the_entropy_mask_alone_keeps_the_spec_credit_and_trains_fewer_tokens(credit_runs):
+    out = credit_runs["entropy"]
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert all("segments" not in r for r in rollouts)  # credit=sequence: the spec's records
+    tokens = [json.loads(line) for line in (out / "tokens.jsonl").read_text().splitlines()]
+    assert tokens and all(set(t["token_advantages"]) == {t["advantage"]} for t in tokens)
+
+
+def test_a_resume_that_changes_the_credit_is_refused(credit_runs, tiny_model_dir, tiny_data_file, capsys):
+    out = credit_runs["tree"]
+    for changed in ("credit=monte_carlo", "tree_branching=4", "credit_segment_tokens=4", "top_entropy_quantile=0.5"):
+        extra = ["credit=tree", "tree_branching=2,2", "credit_segment_tokens=3"]
+        extra = [e for e in extra if e.split("=")[0] != changed.split("=")[0]] + [changed]
+        assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=3", "learning_rate=1e-3",
+                                "save_every=1", "token_report=true", "resume=auto", *extra)) == 2
+        assert changed.split("=")[0] in one_line_error(capsys, "cannot resume")
