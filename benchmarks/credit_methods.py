@@ -1,0 +1,105 @@
+"""Which step earned the reward: the credit methods side by side on SmolLM2-135M-Instruct (docs/variants.md).
+
+    python examples/make_smollm2.py runs/smollm2 && python examples/make_smollm2.py runs/smollm2 --problems-only --task sum3
+    python benchmarks/credit_methods.py --tasks sum3 addition --seeds 0 1 2 --on heldout --out runs/credit
+
+Each (task, method, seed) is one ordinary run, `python train_rlvr.py --config examples/smollm2_sum3.yaml` (task
+sum3) or `examples/smollm2.yaml` (addition) with the method's settings, `seed=..` and greedy evaluation of the
+200 --on problems before step 1 and after step 50, in its own process, one at a time. The methods:
+  sequence     the spec (credit=sequence)
+  monte_carlo  credit=monte_carlo (credit_samples and credit_segment_tokens as the yaml or the defaults say)
+  tree         credit=tree (tree_branching 2,2,2)
+  entropy      top_entropy_quantile=0.2 (the spec's credit, the policy term on the top 20 % entropy tokens)
+Figures, all from the run's files: greedy before -> after and the exact McNemar p (eval_summary.json), the
+tokens generated in the 50 steps (metrics.jsonl: generated_tokens, or response_tokens for the spec's credit),
+the 50 steps' seconds, and the points gained per million generated tokens; with --sampled, the sampled pass@1
+of the start model and of final/ (benchmarks/smollm2_learning.py's evaluation-only runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from smollm2_learning import read_eval, run  # noqa: E402
+
+METHODS = {"sequence": [], "monte_carlo": ["credit=monte_carlo"], "tree": ["credit=tree"],
+           "entropy": ["top_entropy_quantile=0.2"]}
+TASKS = {"sum3": ("examples/smollm2_sum3.yaml", "sum3-"), "addition": ("examples/smollm2.yaml", "")}
+
+
+def one_run(model: Path, task: str, method: str, seed: int, on: str, out: Path, sampled: bool) -> dict:
+    config, prefix = TASKS[task]
+    folder = out / f"{task}-{method}-seed{seed}"
+    common = [f"model={model}", f"eval_dataset={model / (prefix + on + '.json')}", f"seed={seed}", "overwrite=true"]
+    wall = run(["--config", config, f"dataset={model / (prefix + 'train.json')}", f"output_dir={folder}", *common,
+                *METHODS[method]], out / f"{folder.name}.log")
+    summary = json.loads((folder / "eval_summary.json").read_text())
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    greedy = read_eval(folder)
+    generated = sum(m.get("generated_tokens", m["response_tokens"]) for m in metrics)
+    gain = 100 * (greedy["after"]["accuracy"] - greedy["before"]["accuracy"])
+    res = {"task": task, "method": method, "seed": seed, "on": on, "greedy": greedy,
+           "paired": summary["comparison"]["paired"], "steps": len(metrics),
+           "nonzero_gradient_steps": sum(m["grad_norm"] > 0 for m in metrics), "generated_tokens": generated,
+           "points_per_million_tokens": gain / (generated / 1e6), "step_seconds": sum(m["seconds"] for m in metrics),
+           "run_seconds": wall}
+    if sampled:
+        res["sampled"] = {}
+        for name, which in (("before", model), ("after", folder / "final")):
+            sfolder = out / f"{folder.name}-sampled-{name}"
+            run(["--config", config, f"model={which}", "num_problems=0", "eval_samples=2", "eval_problems=100",
+                 f"output_dir={sfolder}", *common[1:]], out / f"{sfolder.name}.log")
+            res["sampled"][name] = read_eval(sfolder)["model"]["accuracy"]
+    return res
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| task | method | seed | greedy before -> after | change | McNemar p | sampled pass@1 | "
+             "steps with a gradient | generated tokens | points / M tokens | 50 steps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        b, a = r["greedy"]["before"], r["greedy"]["after"]
+        s = r.get("sampled")
+        pass1 = f"{100 * s['before']:.1f} % -> {100 * s['after']:.1f} %" if s else "-"
+        lines.append(f"| {r['task']} | {r['method']} | {r['seed']} | {b['correct']}/{b['n']} -> {a['correct']}/{a['n']} "
+                     f"| {100 * (a['accuracy'] - b['accuracy']):+.1f} | {r['paired']['mcnemar_p']:.2g} | "
+                     f"{pass1} | "
+                     f"{r['nonzero_gradient_steps']}/{r['steps']} | {r['generated_tokens']:,} | "
+                     f"{r['points_per_million_tokens']:+.1f} | {r['step_seconds']:.0f} s |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="runs/smollm2")
+    ap.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["sum3"])
+    ap.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--on", choices=["dev", "heldout"], default="dev")
+    ap.add_argument("--sampled", action="store_true", help="also the sampled pass@1 (two evaluation-only runs each)")
+    ap.add_argument("--out", default="runs/credit")
+    args = ap.parse_args()
+    model, out = Path(args.model).resolve(), Path(args.out).resolve()
+    missing = [TASKS[t][1] + "train.json" for t in args.tasks if not (model / (TASKS[t][1] + "train.json")).is_file()]
+    if missing:
+        sys.exit(f"error: {model} has no {missing[0]}; run python examples/make_smollm2.py {args.model} (--problems-only "
+                 "--task sum3 for the sum3 task)")
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for task in args.tasks:
+        for seed in args.seeds:
+            for method in args.methods:
+                results.append(one_run(model, task, method, seed, args.on, out, args.sampled))
+                (out / "results.json").write_text(json.dumps(results, indent=1))
+                print(table(results[-1:]).splitlines()[-1], flush=True)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
