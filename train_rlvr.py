@@ -41,6 +41,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,7 @@ ADVANTAGE_STDS = ("group", "none")                                            # 
 LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  # see loss_divisors
 ZERO_VARIANCES = ("step", "skip", "resample")                                 # see step_or_skip, draw_group
 CREDITS = ("sequence", "monte_carlo", "tree")                                 # see assign_credit
+ANSWER_FORMATS = ("auto", "plain", "gsm8k", "boxed")                          # see reference_answer
 
 
 @dataclass
@@ -80,6 +82,8 @@ class Config:
     dataset_split: str = "train"
     problem_field: str = "problem"
     answer_field: str = "answer"
+    dataset_config: str = ""  # a hub set's configuration name (openai/gsm8k: main); empty: its only one
+    answer_format: str = "auto"  # how answer_field holds the reference: auto, plain, gsm8k, boxed (reference_answer)
     start_index: int = 0
     num_problems: int = 50
     prompt_template: str = SPEC_PROMPT
@@ -98,6 +102,8 @@ class Config:
     zero_variance: str = "step"
     resample_limit: int = 8  # zero_variance=resample: groups drawn per optimizer step at most
     format_reward: float = 0.0
+    reward_function: str = ""  # path/to/file.py:name, called as name(response, answer, record) -> float; empty: none
+    reward_weights: str = ""  # "v,f": v * the verifier's reward + f * reward_function's; empty: the function alone
     kl_coef: float = 0.0
     ppo_epochs: int = 1
     clip_eps: float = 0.2
@@ -129,6 +135,8 @@ class Config:
     # before/after evaluation (the Evaluation section); eval_problems 0 leaves it off
     eval_dataset: str = "HuggingFaceH4/MATH-500"
     eval_split: str = "test"
+    eval_dataset_config: str = ""
+    eval_answer_format: str = "auto"
     eval_problems: int = 0
     eval_max_new_tokens: int = 2048
     eval_batch_size: int = 16
@@ -245,6 +253,9 @@ def validate_config(cfg: Config) -> None:
         ("zero_variance", cfg.zero_variance in ZERO_VARIANCES, "one of " + ", ".join(ZERO_VARIANCES)),
         ("resample_limit", 1 <= cfg.resample_limit <= 1024, "an integer in [1, 1024] (groups drawn per step)"),
         ("format_reward", 0 <= cfg.format_reward <= 1e6, "a number in [0, 1e6] (0: off)"),
+        ("answer_format", cfg.answer_format in ANSWER_FORMATS, "one of " + ", ".join(ANSWER_FORMATS)),
+        ("eval_answer_format", cfg.eval_answer_format in ANSWER_FORMATS, "one of " + ", ".join(ANSWER_FORMATS)),
+        *reward_checks(cfg),
         ("kl_coef", 0 <= cfg.kl_coef <= 1e6, "a number in [0, 1e6] (0: no KL term, no reference model)"),
         ("ppo_epochs", 1 <= cfg.ppo_epochs <= 64, "an integer in [1, 64] (optimizer steps per group)"),
         ("clip_eps", 0 < cfg.clip_eps < 1, "a number in (0, 1) (the ratio is clipped to [1 - eps, 1 + eps])"),
@@ -282,6 +293,28 @@ def validate_config(cfg: Config) -> None:
     for key, ok, want in checks:
         if not ok:
             raise UserError(f"config key '{key}' must be {want}, got {getattr(cfg, key)!r}")
+
+
+def reward_checks(cfg: Config) -> list[tuple[str, bool, str]]:
+    """reward_function and reward_weights, in validate_config's (key, ok, what it must be) form."""
+    path, _, name = cfg.reward_function.rpartition(":")
+    if not cfg.reward_function:
+        return [("reward_weights", not cfg.reward_weights, "empty without a reward_function (it weighs the "
+                 "verifier's reward against the function's)")]
+    return [("reward_function", path.endswith(".py") and name.isidentifier(),
+             "path/to/file.py:function_name (the function is called as name(response, answer, record) -> float)"),
+            ("reward_function", Path(path).expanduser().is_file(), f"an existing file: {path} is not one"),
+            ("reward_weights", not cfg.reward_weights or reward_weights(cfg.reward_weights) is not None,
+             "empty (the function alone) or two finite numbers 'v,f': v * the verifier's reward + f * the function's")]
+
+
+def reward_weights(text: str) -> tuple[float, float] | None:
+    """reward_weights' (verifier, function) weights ("1,0.5" -> (1.0, 0.5)), None when it is not two finite numbers."""
+    try:
+        weights = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        return None
+    return weights if len(weights) == 2 and all(map(math.isfinite, weights)) else None
 
 
 def tree_levels(branching: str) -> list[int] | None:
@@ -340,8 +373,10 @@ def load_problems(cfg: Config) -> list[dict]:
     more = cfg.num_problems * cfg.resample_limit if cfg.zero_variance == "resample" else 0
     records = load_records(cfg.dataset, cfg.dataset_split,
                            {"problem_field": cfg.problem_field, "answer_field": cfg.answer_field},
-                           cfg.start_index, cfg.num_problems, up_to=more)
-    return [{"index": r["index"], "problem": r[cfg.problem_field], "answer": r[cfg.answer_field]} for r in records]
+                           cfg.start_index, cfg.num_problems, up_to=more, config=cfg.dataset_config)
+    # record: the data set's own fields, for a reward_function (called as name(response, answer, record))
+    return [{"index": r["index"], "problem": r[cfg.problem_field], "answer": r[cfg.answer_field],
+             "record": {k: v for k, v in r.items() if k != "index"}} for r in records]
 
 
 def build_prompt(template: str, problem: str) -> str:
@@ -352,11 +387,14 @@ def build_prompt(template: str, problem: str) -> str:
 def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
                    max_new_tokens: int | None = None, setting: str = "dataset") -> list[dict]:
     """Refuse (bad_records: stop) or leave out (skip), before training, the records that cannot be used:
-    an empty or non-text problem; an empty, list, object or boolean answer (numbers become text); a prompt
-    that with max_new_tokens (the eval set: eval_max_new_tokens) overflows the model's context."""
+    an empty or non-text problem; an empty, list, object or boolean answer (numbers become text); an
+    answer whose reference cannot be read in its answer_format; a prompt that with max_new_tokens (the
+    eval set: eval_max_new_tokens) overflows the model's context. Says once how the references were read."""
     budget, budget_key = (cfg.max_new_tokens, "max_new_tokens") if max_new_tokens is None else (
         max_new_tokens, "eval_max_new_tokens")
-    good, bad, too_long = [], [], []
+    format_key = "answer_format" if setting == "dataset" else "eval_answer_format"
+    answer_format = getattr(cfg, format_key)
+    good, bad, too_long, forms = [], [], [], Counter()
     for p in problems:
         answer = p["answer"]
         if not isinstance(p["problem"], str) or not p["problem"].strip():
@@ -368,6 +406,9 @@ def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
                        "not a text or a number (write several answers as one text, e.g. \"3, 5\")")
         elif answer is None or str(answer).strip() == "":
             bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is empty")
+        elif (reference := reference_answer(answer, answer_format))[0] is None:
+            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' has no {ANSWER_FORMS[reference[1]]} "
+                       f"to read the reference from ({format_key} {answer_format}: {str(answer)[-40:]!r})")
         else:
             ids = tokenizer(build_prompt(cfg.prompt_template, p["problem"]), add_special_tokens=False)["input_ids"]
             n = len(ids)
@@ -376,7 +417,9 @@ def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
                 bad.append(f"{setting} record {p['index']}: its prompt has {n} tokens, and with {budget_key} "
                            f"{budget} it exceeds the model's context of {context}")
             else:
-                good.append(dict(p, answer=str(answer), prompt_ids=ids))
+                forms[reference[1]] += 1
+                good.append(dict(p, answer=reference[0], prompt_ids=ids, read_from=(
+                    str(answer) if reference[0] != str(answer) else None)))
     if bad and cfg.bad_records == "stop":
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         first = f"lower {budget_key}" if too_long[:1] == [0] else "fix the data"  # the fix for bad[0] comes first
@@ -386,22 +429,49 @@ def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
         progress(f"skipping {msg}")
     if not good:
         raise UserError(f"no {setting} record is usable; fix the data or the settings above")
+    progress(f"{setting} answers ({format_key} {answer_format}): " + ", ".join(
+        f"{ANSWER_FORMS[form]} in {n}" for form, n in forms.most_common()) + f" of {len(good)} records")
     return good
+
+
+ANSWER_FORMS = {"plain": "the field as written", "gsm8k": "text after the last '####'", "boxed": "last \\boxed{}"}
+
+
+def reference_answer(value, answer_format: str) -> tuple[str | None, str]:
+    """The reference answer an answer field holds, and the form it was read in (None: there is none):
+    plain: the field as written (a number as its text); gsm8k: the text after the last '####' of a
+    worked solution (GSM8K: "... 48 + 24 = 72\\n#### 72"); boxed: the content of the last \\boxed{} of a
+    worked solution (MATH's solution field), read by the verifier's own extraction. auto: gsm8k where
+    the text holds '####', boxed where it holds a \\boxed{} or \\fbox{}, else plain (short answers)."""
+    text = str(value)
+    form = answer_format
+    if form == "auto":
+        form = "gsm8k" if "####" in text else "boxed" if "\\boxed" in text or "\\fbox" in text else "plain"
+    if form == "gsm8k":
+        _, sep, after = text.rpartition("####")
+        return (after.strip() or None) if sep else None, form
+    if form == "boxed":
+        return verifier.extract_final_answer(text), form
+    return text, form
 
 
 def load_records(source: str, split: str, fields: dict[str, str], start: int, count: int,
                  setting: str = "dataset", count_keys: tuple[str, ...] = ("start_index", "num_problems"),
-                 up_to: int = 0) -> list[dict]:
+                 up_to: int = 0, config: str = "") -> list[dict]:
     """Records start .. start + count - 1 (up_to > count: up to that many, as far as the data set goes) of
-    a hub name, URL or local .json/.jsonl(.gz)/.parquet file, in file order, each a dict of all its fields
-    plus "index" (its place in the file). Every record must have the `fields` (setting -> field name)."""
+    a hub name (its configuration `config`), URL, local copy of a hub set (a folder) or local
+    .json/.jsonl(.gz)/.parquet file, in file order, each a dict of all its fields plus "index" (its
+    place in the file). Every record must have the `fields` (setting -> field name)."""
     end = start + count
+    if config and data_builder(source):
+        raise UserError(f"{setting}_config {config!r} names a configuration of a hub set, and {setting} {source} is a "
+                        f"file, which has none; set {setting}_config to empty (or {setting} to the hub set)")
     if data_builder(source) == "json" and Path(source).is_file():  # read only as far as the run needs
         rows = read_json_records(Path(source), setting, max(end, start + up_to))
         names = list(dict.fromkeys(k for r in rows for k in r))
         rows = [{k: r.get(k) for k in names} for r in rows]  # every field in every record, as datasets gives them
     else:
-        rows = open_dataset(source, split, setting)
+        rows = open_dataset(source, split, setting, config)
         names = rows.column_names
     if len(rows) == 0:  # else the field check below would name a field, and a fix, that are not the problem
         raise no_records(f"{setting} file {source}" if Path(source).is_file() else f"{setting} {source} (split "
@@ -631,16 +701,19 @@ def local_copy_hint(what: str) -> str:
     return f", e.g. {what}={min(os.path.relpath(copy), str(copy), key=len)}" if name and copy.is_file() else ""
 
 
-def open_dataset(source: str, split: str, what: str = "dataset"):
-    """A datasets.Dataset from a hub name, a URL or a local .parquet file; every failure a one-line
-    UserError naming the source and the fix. (Local JSON files: read_json_records.)"""
+def open_dataset(source: str, split: str, what: str = "dataset", config: str = ""):
+    """A datasets.Dataset from a hub name (its configuration `config`, when the set has several), a URL,
+    a local copy of a hub set (a folder: its README's configurations, or its data files) or a local
+    .parquet file; every failure a one-line UserError naming the source and the fix. (Local JSON
+    files: read_json_records.)"""
     import datasets
     datasets.disable_progress_bars()
     builder, is_url, local = data_builder(source), source.startswith(("http://", "https://")), Path(source)
     if not is_url and local.exists():
         if builder is None and not local.is_dir():
             raise UserError(f"{what} file {source} is not a .json/.jsonl/.json.gz/.jsonl.gz/.parquet file")
-        check_data_path(local, what)
+        if not local.is_dir():
+            check_data_path(local, what)
     elif builder and not is_url:
         raise UserError(f"{what} file {source} not found; set {what}: to an existing file, a URL or a hub name")
     elif not is_url and missing_local_path(source):
@@ -652,10 +725,14 @@ def open_dataset(source: str, split: str, what: str = "dataset"):
         if builder:
             return datasets.load_dataset(builder, data_files=source, split="train")
         with hub_offline(offline is not None):  # a cached copy still loads
-            return datasets.load_dataset(source, split=split)
+            return datasets.load_dataset(source, split=split, **({"name": config} if config else {}))
     except Exception as e:  # network, hub or format problems: one line, not a traceback
         if local.is_file() and "corresponds to no data" in str(e):  # datasets' words for a file of 0 rows
             raise no_records(f"{what} file {source}", what) from None
+        if configs := re.search(r"(?:available configs|Available): (\[.*?\])", str(e)):  # missing or unknown
+            raise UserError(f"{what} {source} has several configurations, {configs[1]}, "
+                            + (f"and none is called {config!r}" if config else "and no default") +
+                            f"; set {what}_config to one of them") from None
         offline = offline or (None if local.exists() else network_problem(source))
         if offline:
             raise UserError(f"could not load {what} {source!r}: {offline}; connect to the internet, or download it "
@@ -1468,11 +1545,12 @@ class Group:
 
 
 def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answer: str, t: Trainer, draw: int = 0,
-                tree: Tree | None = None) -> Group:
-    """Score this rank's rollouts; every rank receives the whole group (its advantages standardize over all of it)."""
+                tree: Tree | None = None, record: dict | None = None) -> Group:
+    """Score this rank's rollouts (record: the problem's data set record, for a reward_function); every rank
+    receives the whole group (its advantages standardize over all of it)."""
     note(f"step {step}: rewards")
     texts = [t.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
-    scored = score_rollouts(t.scorer, texts, answer)
+    scored = score_rollouts(t.scorer, texts, answer, **user_reward(t.cfg, record))
     group = [x for share in gather_objects((texts, scored, [len(r) for r in responses], cut)) for x in zip(*share)]
     texts, scored, tokens, cut = map(list, zip(*group))
     rewards = torch.tensor([s[0] + format_bonus(s[2], c, t.cfg.format_reward) for s, c in zip(scored, cut)],
@@ -1488,10 +1566,44 @@ def equal_rewards(rewards: torch.Tensor) -> bool:
     return bool((rewards == rewards[0]).all())
 
 
-def score_rollouts(scorer: verifier.TimedVerifier, texts: list[str], gold: str) -> list[tuple[float, str | None, str]]:
+def score_rollouts(scorer: verifier.TimedVerifier, texts: list[str], gold: str, record: dict | None = None,
+                   weights: tuple[float, float] = (0.0, 1.0)) -> list[tuple[float, str | None, str]]:
     """(reward, extracted answer, status) per rollout. The verifier runs in a worker process with a
-    hard wall-clock limit: an overrun or a crash scores 0 with status 'timeout' or 'crash'."""
-    return [scorer.score(text, gold) for text in texts]
+    hard wall-clock limit: an overrun or a crash scores 0 with status 'timeout' or 'crash'.
+    With a reward_function (a record given), the same worker calls it within the same limit, and the
+    reward is v * the verifier's + f * the function's (weights: reward_weights; by default the
+    function's alone); its hang or failure scores 0 too. The status stays the verifier's."""
+    scored = [scorer.score(text, gold, record) for text in texts]
+    return [(weights[0] * s[0] + weights[1] * s[3], s[1], s[2]) if len(s) == 4 else s for s in scored]
+
+
+def user_reward(cfg: Config, record: dict | None) -> dict:
+    """score_rollouts' arguments for a reward_function: the problem's record and reward_weights (none without one)."""
+    if not cfg.reward_function:
+        return {}
+    return {"record": record or {}, "weights": reward_weights(cfg.reward_weights) or (0.0, 1.0)}
+
+
+def reward_file(cfg: Config) -> tuple[str, str] | None:
+    """reward_function's (absolute path, function name) for the verifier's worker, which loads it; None without one."""
+    path, _, name = cfg.reward_function.rpartition(":")
+    return (str(Path(path).expanduser().resolve()), name) if cfg.reward_function else None
+
+
+def try_reward_function(scorer: verifier.TimedVerifier, problem: dict, cfg: Config) -> None:
+    """A trial call of reward_function on the first record (a response that boxes its answer), before step 1:
+    a missing function, wrong signature, exception, hang or non-number result is one line, not 50 zero rewards."""
+    if not cfg.reward_function:
+        return
+    calls = (scorer.n_calls, scorer.n_timeouts, scorer.n_crashes)
+    result = scorer.score(f"\\boxed{{{problem['answer']}}}", problem["answer"], problem["record"])
+    scorer.n_calls, scorer.n_timeouts, scorer.n_crashes = calls  # the run's counts are the rollouts' alone
+    if len(result) < 4:
+        why = (f"did not return within verifier_timeout {cfg.verifier_timeout:g} s" if result[2] == "timeout"
+               else f"failed: {scorer.last_error}")
+        raise UserError(f"reward_function {cfg.reward_function} {why} (a trial call on dataset record "
+                        f"{problem['index']}); fix it: it is called as name(response: str, answer: str, record: dict)"
+                        " and returns a number")
 
 
 def format_bonus(status: str, was_cut: bool, weight: float) -> float:
@@ -1540,7 +1652,7 @@ class Credit:
 
 
 def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
-                  advantages: torch.Tensor, answer: str, t: Trainer) -> Credit | None:
+                  advantages: torch.Tensor, answer: str, t: Trainer, record: dict | None = None) -> Credit | None:
     """The token advantages A_it of this rank's responses (None: the spec's A_i for every token, nothing to do).
     A zero-variance group keeps every advantage 0 (and samples no continuation): credit redistributes the
     group's signal over tokens, it does not make one."""
@@ -1557,7 +1669,7 @@ def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Ten
         pieces = [[t.tokenizer.decode([i]) for i in r.tolist()] for r in responses]
         starts = [segment_starts(p, cfg.credit_segment_tokens) for p in pieces]
         cuts, sampled = ([[] for _ in mine], 0) if group.zero_variance else continuation_values(
-            step, prompt_ids, responses, starts, group.draw, answer, mine, t)
+            step, prompt_ids, responses, starts, group.draw, answer, mine, t, record)
         shares = gather_objects((starts, cuts, sampled))
         starts, cuts = [x for s in shares for x in s[0]], [x for s in shares for x in s[1]]
         generated += sum(s[2] for s in shares)
@@ -1604,7 +1716,8 @@ def tree_values(tree: Tree, rewards: list[float], levels: list[int]):
 
 @torch.no_grad()
 def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], starts: list[list[int]],
-                        draw: int, answer: str, mine: range, t: Trainer) -> tuple[list[list[float]], int]:
+                        draw: int, answer: str, mine: range, t: Trainer,
+                        record: dict | None = None) -> tuple[list[list[float]], int]:
     """credit=monte_carlo (VinePPO, SPO-chain): V at each cut of this rank's responses (their segment starts after
     the first), the mean reward of credit_samples continuations sampled from prompt + the response up to the cut
     with the run's sampler, scored like the rollouts (the verifier, plus format_reward's bonus), each from its own
@@ -1628,7 +1741,8 @@ def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[tor
             texts = [t.tokenizer.decode(torch.cat([p, o]).tolist(), skip_special_tokens=True)
                      for p, o in zip(prefixes, outs)]
             ended = [len(o) > 0 and int(o[-1]) == t.eos_id for o in outs]
-            for (j, c, _), (reward, _, status), stop in zip(batch, score_rollouts(t.scorer, texts, answer), ended):
+            for (j, c, _), (reward, _, status), stop in zip(batch, score_rollouts(t.scorer, texts, answer,
+                                                                                **user_reward(cfg, record)), ended):
                 values[j][c - 1] += (reward + format_bonus(status, not stop, cfg.format_reward)) / cfg.credit_samples
     return values, sampled
 
@@ -2051,7 +2165,8 @@ def train_step(step: int, candidates: list[dict], draw: int, t: Trainer) -> Step
     problem, prompt_ids, responses, group, set_aside = draw_group(step, candidates, draw, t, clock)
     advantages = compute_advantages(group.rewards, t.cfg.std_eps, t.cfg.advantage_std,
                                     zero_variance=group.zero_variance)
-    credit = assign_credit(step, prompt_ids, responses, group, advantages, problem["answer"], t)  # the spec: None
+    credit = assign_credit(step, prompt_ids, responses, group, advantages, problem["answer"], t,  # the spec: None
+                           problem.get("record"))
     if credit is not None:
         clock.lap("credit")
     epochs, first = [], None
@@ -2080,7 +2195,7 @@ def draw_group(step: int, candidates: list[dict], draw: int, t: Trainer, clock):
         prompt_ids = torch.tensor(problem["prompt_ids"], device=t.device)  # tokenized once, by check_problems
         responses, cut, tree = sample_group(step, draw + k, problem, prompt_ids, t)  # this rank's share
         clock.lap("generation")
-        group = score_group(step, responses, cut, problem["answer"], t, draw + k, tree)
+        group = score_group(step, responses, cut, problem["answer"], t, draw + k, tree, problem.get("record"))
         clock.lap("rewards")
         if k == len(candidates) - 1 or not group.zero_variance:
             return problem, prompt_ids, responses, group, set_aside
@@ -2171,10 +2286,12 @@ def group_figures(cfg, group: Group) -> dict:
 
 def group_rollouts(step, problem, cfg, group: Group, advantages, seq_log_probs, set_aside: bool = False) -> list[dict]:
     # reward: the verifier's, plus format_reward's bonus when that is on
+    # reference: where answer_format read it out of a longer text (a worked solution), what it read
     return [dict(step=step, problem_index=problem["index"], rollout=i, response=group.texts[i],
                  answer=group.scored[i][1], status=group.scored[i][2], reward=float(group.rewards[i]),
                  advantage=float(advantages[i]), tokens=group.tokens[i], cut_at_limit=group.cut[i],
-                 sequence_log_prob=seq_log_probs[i], **({"set_aside": True} if set_aside else {}))
+                 sequence_log_prob=seq_log_probs[i], **({"set_aside": True} if set_aside else {}),
+                 **({"reference": problem["answer"]} if problem.get("read_from") else {}))
             for i in range(cfg.group_size)]
 
 
@@ -2221,7 +2338,8 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
     t, s = load_training(cfg, device, precision, od, problems, argv, eval_set)
     with signals_caught():
         try:
-            with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout) as t.scorer:
+            with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout, reward_function=reward_file(cfg)) as t.scorer:
+                try_reward_function(t.scorer, s.problems[0], cfg)
                 begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
                 s.eval_log = on_rank0(read_eval_log, s.out, eval_steps_in(od.resume_from), s.steps)
                 say(format_header(cfg.group_size, table_extras(cfg.ppo_epochs, cfg.kl_coef, cfg.credit != "sequence")))
@@ -2947,7 +3065,8 @@ def load_eval_problems(cfg: Config) -> list[dict]:
         return []
     records = load_records(cfg.eval_dataset, cfg.eval_split,
                            {"problem_field": cfg.problem_field, "answer_field": cfg.answer_field},
-                           0, cfg.eval_problems, setting="eval_dataset", count_keys=("eval_problems",))
+                           0, cfg.eval_problems, setting="eval_dataset", count_keys=("eval_problems",),
+                           config=cfg.eval_dataset_config)
     subject = lambda r: str(r["subject"]).strip() if str(r.get("subject") or "").strip() else "unknown"  # noqa: E731
     return [{"index": r["index"], "problem": r[cfg.problem_field], "answer": r[cfg.answer_field],
              "level": normalize_level(r.get("level")), "subject": subject(r), "unique_id": r.get("unique_id")}

@@ -2319,9 +2319,47 @@ def reward(response, gold):
 
 # ----------------------------------------------------------------------------------------------
 # hard wall-clock safety net
-def _worker_main(conn, score_fn):
+def load_reward_function(path, name):
+    """The function ``name`` of the Python file ``path`` (a user's own reward, run in the worker only),
+    checked to take (response, answer, record). Raises with a one-line reason."""
+    import importlib.util
+    import inspect
+
+    spec = importlib.util.spec_from_file_location("rlvr_reward_function", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AttributeError(f"{path} has no function {name!r}")
+    try:
+        inspect.signature(fn).bind("response", "answer", {})
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}{inspect.signature(fn)} cannot be called as {name}(response, answer, record)") from None
+    return fn
+
+
+def reward_value(value):
+    """A reward function's result as a float: a finite real number (not a bool), else TypeError/ValueError."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"it returned {type(value).__name__} {str(value)[:40]!r}, not a number")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"it returned {float(value)}, not a finite number")
+    return float(value)
+
+
+def _worker_main(conn, score_fn, reward_function=None):
     # Ctrl-C in a terminal reaches the whole process group; the parent decides when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    user, load_error = None, None
+    if reward_function is not None:  # loaded once; a failure is reported by each call that needs it
+        try:
+            user = load_reward_function(*reward_function)
+        except BaseException as exc:
+            load_error = _failure(exc)
     try:
         conn.send(("ready", None))
     except Exception:
@@ -2335,12 +2373,26 @@ def _worker_main(conn, score_fn):
             return
         try:
             out = score_fn(msg[0], msg[1])
+            if len(msg) > 2:  # with a record: the user's reward function too, within the same time limit
+                if user is None:
+                    raise _NotLoaded(load_error)
+                out = (*out, reward_value(user(msg[0], msg[1], msg[2])))
             conn.send(("ok", out))
         except BaseException as exc:  # report any failure of score_fn as a crash
             try:
-                conn.send(("err", type(exc).__name__))
+                conn.send(("err", _failure(exc)))
             except Exception:
                 return
+
+
+class _NotLoaded(Exception):
+    """The reward function did not load; it carries the reason."""
+
+
+def _failure(exc):
+    """One line: the exception's type and the first line of its text (_NotLoaded: the load's reason)."""
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return text if isinstance(exc, _NotLoaded) else f"{type(exc).__name__}: {text}".rstrip(": ")
 
 
 class TimedVerifier:
@@ -2348,11 +2400,20 @@ class TimedVerifier:
     a hard wall-clock limit per call. Overrun: the worker is killed, the result is
     (0.0, None, "timeout") and a new worker is started on the next call. A worker that dies or
     whose score_fn raises gives (0.0, None, "crash"). ``score_fn`` must be a picklable
-    module-level callable. Counters: n_calls, n_timeouts, n_crashes, n_starts."""
+    module-level callable. Counters: n_calls, n_timeouts, n_crashes, n_starts; last_error: the last
+    crash's reason (one line).
 
-    def __init__(self, timeout_s: float = 2.0, score_fn=score, startup_timeout_s: float = 120.0):
+    ``reward_function``: (path, name) of a user's reward function, loaded once in the worker (never in
+    this process); ``score(response, gold, record)`` with a record also calls name(response, gold,
+    record) under the same time limit and returns its number as a fourth item. A hang, an exception, a
+    result that is not a finite number: (0.0, None, "timeout" / "crash"), counted, as for the verifier."""
+
+    def __init__(self, timeout_s: float = 2.0, score_fn=score, startup_timeout_s: float = 120.0,
+                 reward_function: tuple[str, str] | None = None):
         self.timeout_s = float(timeout_s)
         self.score_fn = score_fn
+        self.reward_function = reward_function
+        self.last_error = None
         self.startup_timeout_s = float(startup_timeout_s)
         self._ctx = multiprocessing.get_context("spawn")
         self._proc = None
@@ -2365,7 +2426,7 @@ class TimedVerifier:
 
     def _start(self):
         parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.score_fn),
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.score_fn, self.reward_function),
                                  daemon=True, name="rlvr-verifier-worker")
         proc.start()
         child.close()
@@ -2394,9 +2455,10 @@ class TimedVerifier:
             except Exception:
                 pass
 
-    def score(self, response, gold):
+    def score(self, response, gold, record=None):
+        user = record is not None and self.reward_function is not None
         if not isinstance(response, str) or not isinstance(gold, str):
-            return score(response, gold)  # trivially bounded; avoids pickling odd objects
+            return score(response, gold) + ((0.0,) if user else ())  # trivially bounded; no odd objects pickled
         with self._lock:
             self.n_calls += 1
             try:
@@ -2404,7 +2466,7 @@ class TimedVerifier:
                     if self._proc is not None:
                         self._stop()
                     self._start()
-                self._conn.send((response, gold))
+                self._conn.send((response, gold, record) if user else (response, gold))
             except Exception:
                 self._stop()
                 self.n_crashes += 1
@@ -2418,18 +2480,21 @@ class TimedVerifier:
             except Exception:
                 self._stop()
                 self.n_crashes += 1
+                self.last_error = "the worker stopped"
                 return (0.0, None, "crash")
             if kind != "ok":
                 self.n_crashes += 1
+                self.last_error = str(out)
                 return (0.0, None, "crash")
             try:
-                r, ans, status = out
+                r, ans, status, *value = out
                 r = 1.0 if float(r) == 1.0 else 0.0
                 if ans is not None and not isinstance(ans, str):
                     ans = str(ans)
-                return (r, ans, str(status))
+                return (r, ans, str(status), *(float(v) for v in value))
             except Exception:
                 self.n_crashes += 1
+                self.last_error = "the worker's answer could not be read"
                 return (0.0, None, "crash")
 
     def reward(self, response, gold):

@@ -105,7 +105,7 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
     t = _trainer(group_size=2, credit="monte_carlo", credit_segment_tokens=2)
     seen = {}
 
-    def values(step, prompt_ids, responses, starts, draw, answer, mine, t):
+    def values(step, prompt_ids, responses, starts, draw, answer, mine, t, record=None):
         seen.update(starts=starts, draw=draw, mine=list(mine))
         return [[0.25, 0.75], []], 12
     monkeypatch.setattr(T, "continuation_values", values)

@@ -1,0 +1,334 @@
+"""The data sets and rewards users bring: the reference read from a worked solution (GSM8K's '####',
+MATH's last \\boxed{}), a hub set's configuration name, a local copy of a hub set in its folder layout,
+and a reward function of the user's own (worked numbers, a hang, an exception, a string). The data are
+local stand-ins in each set's exact schema, written here; nothing is downloaded. CPU, tiny local model."""
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+
+import train_rlvr as T
+import verifier
+from conftest import ROOT
+from run_helpers import main_args, one_line_error
+
+# GSM8K's schema: `question`, and `answer` a worked solution ending "#### N" (the first of these two also
+# holds an earlier "####": the reference is the text after the LAST one)
+GSM8K = [{"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+          "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\n#### 3 tries\n48+24 = <<48+24=72>>72\n#### 72"},
+         {"question": "Weng earns $12 an hour. How much for 50 minutes?",
+          "answer": "12/60 = $<<12/60=0.2>>0.2 per minute.\n0.2 x 50 = $<<0.2*50=10>>10\n#### 10"},
+         {"question": "A third problem", "answer": "#### 5"}]
+# MATH's original schema: `problem`, `level`, `type`, and `solution` whose last \boxed{} is the answer
+MATH = [{"problem": "What is $\\frac12 + \\frac12$?", "level": "Level 1", "type": "Algebra",
+         "solution": "We have $\\boxed{\\frac12}$ twice, so the sum is $\\boxed{1}$."},
+        {"problem": "What is 3 + 4?", "level": "Level 1", "type": "Prealgebra",
+         "solution": "Adding, $3 + 4 = \\boxed{7}$."}]
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# The reference answer as the set writes it
+
+
+def test_reference_answer_reads_each_form():
+    gsm = GSM8K[0]["answer"]
+    assert T.reference_answer(gsm, "gsm8k") == ("72", "gsm8k")  # the LAST '####', not "3 tries"
+    assert T.reference_answer(gsm, "auto") == ("72", "gsm8k")
+    assert T.reference_answer("#### 1,000 \n", "gsm8k") == ("1,000", "gsm8k")
+    assert T.reference_answer(MATH[0]["solution"], "boxed") == ("1", "boxed")  # the last box
+    assert T.reference_answer(MATH[0]["solution"], "auto") == ("1", "boxed")
+    assert T.reference_answer("\\frac{3}{4}", "auto") == ("\\frac{3}{4}", "plain")  # a short answer, as today
+    assert T.reference_answer(72, "auto") == ("72", "plain")
+    assert T.reference_answer(gsm, "plain") == (gsm, "plain")
+    for value, form in [("72", "gsm8k"), ("x ####  ", "gsm8k"), ("72", "boxed"), ("\\boxed{}", "boxed")]:
+        assert T.reference_answer(value, form)[0] is None, (value, form)
+    # the verifier scores a boxed 72 against what the set's answer field holds only once it is read
+    assert verifier.reward("so \\boxed{72}", gsm) == 0.0
+    assert verifier.reward("so \\boxed{72}", T.reference_answer(gsm, "auto")[0]) == 1.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Runs on each schema: the decode loop runs, the sampled tokens are replaced by a script, so that the real
+# verifier (and the reward function) sees known responses: rollout 0 boxes the reference, rollout 1 a wrong
+# number, rollouts 2 and 3 have no box.
+
+
+@pytest.fixture()
+def scripted(monkeypatch, tiny_model_dir):
+    """Make each group's 4 responses the script's for that step's reference (in the order they are drawn)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    references = []
+
+    def texts(reference):
+        return [f"\\boxed{{{reference}}}", "\\boxed{9}", "no", "none"]
+
+    def sampling_pick(streams, temperature, top_p, device):
+        script = [tok(x, add_special_tokens=False)["input_ids"] + [0] for x in texts(references.pop(0))]
+        at = {"t": 0}
+
+        def pick(logits, rows=None):
+            t, at["t"] = at["t"], at["t"] + 1
+            rows = range(len(script)) if rows is None else rows
+            return torch.tensor([script[r][t] if t < len(script[r]) else 0 for r in rows])
+        return pick
+    monkeypatch.setattr(T, "sampling_pick", sampling_pick)
+    return references
+
+
+def run(args, capsys=None):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = T.main(args)
+    return code, out.getvalue(), err.getvalue()
+
+
+def read_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("schema", ["gsm8k", "math"])
+def test_two_steps_on_each_schema_score_the_reference(schema, scripted, tmp_path, tiny_model_dir):
+    if schema == "gsm8k":
+        data, fields, references = write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K), ["problem_field=question"], ["72", "10"]
+        settings, said = ["answer_format=gsm8k"], "dataset answers (answer_format gsm8k): text after the last '####'"
+    else:
+        data, fields, references = write_jsonl(tmp_path / "math.jsonl", MATH), ["answer_field=solution"], ["1", "7"]
+        settings, said = [], "dataset answers (answer_format auto): last \\boxed{}"
+    scripted.extend(references)
+    code, _, err = run(main_args(tiny_model_dir, data, tmp_path / "out", "num_problems=2", "max_new_tokens=16",
+                                 "save_every=0", *fields, *settings))
+    assert code == 0, err
+    assert f"{said} in 2 of 2 records" in err
+    rollouts = read_lines(tmp_path / "out" / "rollouts.jsonl")
+    assert [r["reward"] for r in rollouts] == [1.0, 0.0, 0.0, 0.0] * 2
+    assert [r["status"] for r in rollouts] == ["correct", "wrong", "no_answer", "no_answer"] * 2
+    assert [r["reference"] for r in rollouts] == [references[0]] * 4 + [references[1]] * 4
+    assert all(m["grad_norm"] > 0 for m in read_lines(tmp_path / "out" / "metrics.jsonl"))
+
+
+def test_the_evaluation_reads_its_own_answer_format(tmp_path, tiny_model_dir, tiny_data_file):
+    data = write_jsonl(tmp_path / "gsm8k-test.jsonl", GSM8K)
+    code, _, err = run(main_args(tiny_model_dir, tiny_data_file, tmp_path / "out", "num_problems=0",
+                                 f"eval_dataset={data}", "eval_problems=3", "eval_max_new_tokens=4",
+                                 "problem_field=question", "eval_answer_format=gsm8k"))
+    assert code == 0, err
+    assert "eval_dataset answers (eval_answer_format gsm8k): text after the last '####' in 3 of 3 records" in err
+    assert [r["reference"] for r in read_lines(tmp_path / "out" / "eval.jsonl")] == ["72", "10", "5"]
+
+
+def test_a_reference_that_cannot_be_read_follows_bad_records(tmp_path, capsys, tiny_model_dir):
+    data = write_jsonl(tmp_path / "mixed.jsonl", [GSM8K[0], {"question": "q", "answer": "no marker here"}, GSM8K[1]])
+    args = main_args(tiny_model_dir, data, tmp_path / "out", "num_problems=2", "problem_field=question",
+                     "answer_format=gsm8k", "save_every=0")
+    assert T.main(args) == 2
+    one_line_error(capsys, "dataset record 1: 'answer' has no text after the last '####' to read the reference from "
+                           "(answer_format gsm8k: 'no marker here'); fix the data, move start_index, or set "
+                           "bad_records: skip")
+    code, _, err = run([*args, "bad_records=skip"])
+    assert code == 0, err
+    assert "skipping dataset record 1" in err
+    assert "text after the last '####' in 1 of 1 records" in err
+
+
+# ----------------------------------------------------------------------------------------------
+# A hub set's configuration
+
+
+def write_configured_copy(folder):
+    """A local copy of a hub set with two configurations, in the hub's layout: parquet files per config and a
+    README.md whose metadata names them (as openai/gsm8k's does: main and socratic)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for config, records in (("main", GSM8K), ("socratic", GSM8K[:1])):
+        (folder / config).mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(records), folder / config / "train-00000-of-00001.parquet")
+    (folder / "README.md").write_text("---\nconfigs:\n" + "".join(
+        f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*\n" for c in ("main", "socratic"))
+        + "---\n")
+    return folder
+
+
+def test_a_configured_copy_loads_by_its_config_name(tmp_path, capsys, scripted, tiny_model_dir):
+    copy = write_configured_copy(tmp_path / "gsm8k-copy")
+    args = main_args(tiny_model_dir, copy, tmp_path / "out", "num_problems=1", "max_new_tokens=16",
+                     "problem_field=question", "save_every=0")
+    assert T.main(args) == 2
+    one_line_error(capsys, f"dataset {copy} has several configurations, ['main', 'socratic'], and no default; "
+                           "set dataset_config to one of them")
+    assert T.main([*args, "dataset_config=mian"]) == 2
+    one_line_error(capsys, "and none is called 'mian'; set dataset_config to one of them")
+    scripted.append("72")
+    code, _, err = run([*args, "dataset_config=main"])
+    assert code == 0, err
+    assert [r["reward"] for r in read_lines(tmp_path / "out" / "rollouts.jsonl")] == [1.0, 0.0, 0.0, 0.0]
+    assert T.main([*args, f"dataset={tmp_path / 'out' / 'rollouts.jsonl'}", "dataset_config=main",
+                   f"output_dir={tmp_path / 'other'}"]) == 2
+    one_line_error(capsys, "dataset_config 'main' names a configuration of a hub set, and dataset "
+                           f"{tmp_path / 'out' / 'rollouts.jsonl'} is a file, which has none; set dataset_config to empty")
+
+
+def test_the_config_name_reaches_load_dataset(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def load_dataset(path, name=None, split=None, **kwargs):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_list(GSM8K)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    fields = {"problem_field": "question", "answer_field": "answer"}
+    records = T.load_records("someorg/gsm8k-like", "train", fields, 0, 2, config="main")
+    assert calls == [("someorg/gsm8k-like", "main", "train")]
+    assert [r["answer"] for r in records] == [GSM8K[0]["answer"], GSM8K[1]["answer"]]
+    T.load_records("someorg/gsm8k-like", "test", fields, 0, 1, setting="eval_dataset")
+    assert calls[-1] == ("someorg/gsm8k-like", None, "test")
+
+
+# ----------------------------------------------------------------------------------------------
+# A reward function of the user's own
+
+REWARDS = """
+import time
+
+def worked(response, answer, record):
+    return 0.5 if answer in response else record["weight"]
+
+def hangs_on_none(response, answer, record):
+    while response == "none":
+        time.sleep(0.01)
+    return 1.0 if response == "no" else 0.0
+
+def raises_on_none(response, answer, record):
+    if response == "none":
+        raise KeyError("none")
+    return 1.0 if response == "no" else 0.0
+
+def hangs(response, answer, record):
+    while True:
+        time.sleep(0.01)
+
+def raises(response, answer, record):
+    return record["missing"]
+
+def text(response, answer, record):
+    return "one"
+
+def one_argument(response):
+    return 1.0
+"""
+
+
+@pytest.fixture()
+def rewards_file(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(REWARDS)
+    return path
+
+
+def math_run(tmp_path, tiny_model_dir, *extra):
+    records = [dict(r, weight=0.25) for r in MATH]
+    return main_args(tiny_model_dir, write_jsonl(tmp_path / "math.jsonl", records), tmp_path / "out",
+                     "num_problems=2", "max_new_tokens=16", "answer_field=solution", "save_every=0",
+                     "overwrite=true", *extra)
+
+
+def test_a_reward_function_with_weights_gives_its_worked_rewards(tmp_path, scripted, tiny_model_dir, rewards_file):
+    # rollout 0 boxes the reference (verifier 1, the function 0.5); the others score the record's weight 0.25:
+    # "1,2" gives 1 + 2 * 0.5 = 2.0 and 0 + 2 * 0.25 = 0.5; mean 0.875, sample std 0.75,
+    # A_0 = 1.125 / (0.75 + 1e-4) = 1.49980, the others -0.375 / 0.7501 = -0.49993
+    scripted.extend(["1", "7"])
+    code, _, err = run(math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:worked",
+                                "reward_weights=1,2"))
+    assert code == 0, err
+    rollouts = read_lines(tmp_path / "out" / "rollouts.jsonl")
+    assert [r["reward"] for r in rollouts] == [2.0, 0.5, 0.5, 0.5] * 2
+    assert [r["status"] for r in rollouts] == ["correct", "wrong", "no_answer", "no_answer"] * 2  # the verifier's
+    assert [r["advantage"] for r in rollouts[:4]] == pytest.approx([1.49980, -0.49993, -0.49993, -0.49993], abs=1e-5)
+    # without weights: the function alone
+    scripted.extend(["1", "7"])
+    code, _, err = run(math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:worked"))
+    assert code == 0, err
+    assert [r["reward"] for r in read_lines(tmp_path / "out" / "rollouts.jsonl")] == [0.5, 0.25, 0.25, 0.25] * 2
+
+
+@pytest.mark.parametrize("name, status, counted", [("hangs_on_none", "timeout", "verifier_timeouts"),
+                                                   ("raises_on_none", "crash", "verifier_crashes")])
+def test_a_hang_or_failure_during_the_run_scores_0_and_is_counted(name, status, counted, tmp_path, scripted, tiny_model_dir,
+                                                                  rewards_file):
+    scripted.extend(["1", "7"])
+    code, _, err = run(math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:{name}",
+                                "verifier_timeout=0.5"))
+    assert code == 0, err
+    rollouts = read_lines(tmp_path / "out" / "rollouts.jsonl")
+    assert [(r["reward"], r["status"]) for r in rollouts] == [
+        (0.0, "correct"), (0.0, "wrong"), (1.0, "no_answer"), (0.0, status)] * 2
+    metrics = read_lines(tmp_path / "out" / "metrics.jsonl")
+    assert [m[counted] for m in metrics] == [1, 1]
+
+
+@pytest.mark.parametrize("name, why", [
+    ("hangs", "did not return within verifier_timeout 0.5 s (a trial call on dataset record 0)"),
+    ("raises", "failed: KeyError: 'missing' (a trial call on dataset record 0)"),
+    ("text", "failed: TypeError: it returned str 'one', not a number"),
+    ("one_argument", "failed: TypeError: one_argument(response) cannot be called as one_argument(response, answer, "
+                     "record)"),
+    ("absent", "has no function 'absent'"),
+])
+def test_a_reward_function_that_cannot_serve_is_one_line_before_step_1(name, why, tmp_path, capsys, tiny_model_dir,
+                                                                        rewards_file):
+    args = math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:{name}", "verifier_timeout=0.5")
+    assert T.main(args) == 2
+    one_line_error(capsys, f"reward_function {rewards_file}:{name} {why}" if name != "absent" else why,
+                   "it is called as name(response: str, answer: str, record: dict) and returns a number")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # nothing written before the trial
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("reward_function=rewards.py", "'reward_function' must be path/to/file.py:function_name"),
+    ("reward_function={missing}:worked", "'reward_function' must be an existing file: {missing} is not one"),
+    ("reward_weights=1,2", "'reward_weights' must be empty without a reward_function"),
+    ("reward_function={file}:worked reward_weights=1", "'reward_weights' must be empty (the function alone) or two "
+                                                      "finite numbers 'v,f'"),
+    ("reward_function={file}:worked reward_weights=a,b", "'reward_weights' must be empty (the function alone)"),
+    ("answer_format=json", "'answer_format' must be one of auto, plain, gsm8k, boxed, got 'json'"),
+    ("eval_answer_format=hash", "'eval_answer_format' must be one of auto, plain, gsm8k, boxed"),
+])
+def test_bad_settings_are_one_line(setting, message, tmp_path, capsys, rewards_file):
+    missing = tmp_path / "nope.py"
+    fill = {"missing": missing, "file": rewards_file}
+    assert T.main(["--config", str(ROOT / "config.yaml"), *setting.format(**fill).split()]) == 2
+    one_line_error(capsys, message.format(**fill))
+
+
+# ----------------------------------------------------------------------------------------------
+# The presets, with local stand-ins of their sets (the same schemas) in place of the hub's
+
+
+@pytest.mark.parametrize("preset", ["gsm8k", "math_solutions"])
+def test_each_preset_runs_two_steps_on_its_schema(preset, scripted, tmp_path, tiny_model_dir):
+    if preset == "gsm8k":
+        train = test = write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K)
+        references, evaluated = ["72", "10"], ["72", "10"]
+    else:
+        train = write_jsonl(tmp_path / "math.jsonl", MATH)
+        test = write_jsonl(tmp_path / "math500.jsonl", [dict(r, answer="x") for r in MATH])  # MATH-500 has both
+        references, evaluated = ["1", "7"], ["1", "7"]
+    scripted.extend(references)
+    code, _, err = run(["--config", str(ROOT / "examples" / f"{preset}.yaml"), f"model={tiny_model_dir}",
+                        f"dataset={train}", "dataset_config=", f"eval_dataset={test}", "eval_dataset_config=",
+                        "eval_problems=2", "eval_max_new_tokens=4", "device=cpu", "group_size=4", "num_problems=2",
+                        "max_new_tokens=16", "save_every=0", f"output_dir={tmp_path / 'out'}"])
+    assert code == 0, err
+    assert [r["reward"] for r in read_lines(tmp_path / "out" / "rollouts.jsonl")] == [1.0, 0.0, 0.0, 0.0] * 2
+    assert [r["reference"] for r in read_lines(tmp_path / "out" / "eval.jsonl")] == evaluated * 2  # before, after
