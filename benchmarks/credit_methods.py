@@ -2,6 +2,7 @@
 
     python examples/make_smollm2.py runs/smollm2 && python examples/make_smollm2.py runs/smollm2 --problems-only --task sum3
     python benchmarks/credit_methods.py --tasks sum3 addition --seeds 0 1 2 --on heldout --out runs/credit
+    python benchmarks/credit_methods.py --out runs/credit --pictures     # one group of each run, drawn
 
 Each (task, method, seed) is one ordinary run, `python train_rlvr.py --config examples/smollm2_sum3.yaml` (task
 sum3) or `examples/smollm2.yaml` (addition) with the method's settings, `seed=..` and greedy evaluation of the
@@ -25,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
 from smollm2_learning import read_eval, run  # noqa: E402
 
 METHODS = {"sequence": [], "monte_carlo": ["credit=monte_carlo"], "tree": ["credit=tree"],
@@ -74,6 +76,30 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
+    """One group of a finished run drawn as credit.png draws it (train_rlvr.credit_figure): the first step with
+    reward variance, each token on a background coloured by the advantage the loss gave it. Its tokens are the
+    response re-tokenized (plus the EOS where it ended), used only where that gives back as many tokens as the
+    record's token_advantages; the spec's credit (no token_advantages) is drawn with A_i on every token. The
+    entropy mask is not recorded per token, so that run is drawn as the spec's."""
+    import train_rlvr as T
+
+    rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    steps = sorted({r["step"] for r in rollouts if r["advantage"] != 0})
+    if not steps:
+        return None
+    records = []
+    for r in (r for r in rollouts if r["step"] == steps[0]):
+        ids = tokenizer(r["response"], add_special_tokens=False)["input_ids"]
+        pieces = [tokenizer.decode([i]) for i in ids] + ([] if r["cut_at_limit"] else [eos])
+        credit = r.get("token_advantages", [r["advantage"]] * r["tokens"])
+        if len(pieces) != len(credit):
+            return None
+        records.append(dict(r, tokens=pieces, token_advantages=credit))
+    T.save_picture(T.credit_figure(records), out)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="runs/smollm2")
@@ -83,12 +109,22 @@ def main() -> int:
     ap.add_argument("--on", choices=["dev", "heldout"], default="dev")
     ap.add_argument("--sampled", action="store_true", help="also the sampled pass@1 (two evaluation-only runs each)")
     ap.add_argument("--out", default="runs/credit")
+    ap.add_argument("--pictures", action="store_true", help="only draw one group of each finished run in --out "
+                    "(FOLDER.png beside each run folder), and stop")
     args = ap.parse_args()
     model, out = Path(args.model).resolve(), Path(args.out).resolve()
     missing = [TASKS[t][1] + "train.json" for t in args.tasks if not (model / (TASKS[t][1] + "train.json")).is_file()]
     if missing:
         sys.exit(f"error: {model} has no {missing[0]}; run python examples/make_smollm2.py {args.model} (--problems-only "
                  "--task sum3 for the sum3 task)")
+    if args.pictures:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        for folder in sorted(p for p in out.iterdir() if (p / "rollouts.jsonl").is_file()):
+            drawn = group_picture(folder, tokenizer, "<|im_end|>", out / f"{folder.name}.png")
+            print(f"{folder.name}: {drawn or 'not drawn (no step with variance, or its tokens do not re-tokenize)'}")
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for task in args.tasks:
