@@ -200,7 +200,7 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     _, tokenizer = tiny_model
     scores = {"a": (1.0, "2", "correct"), "b": (0.0, "3", "wrong"), "c": (0.0, None, "no_answer"),
               "d": (0.0, "5", "wrong")}
-    scorer = SimpleNamespace(score=lambda text, gold: scores[text])
+    scorer = SimpleNamespace(score=lambda text, gold, record=None: scores[text])
     cfg = T.Config(group_size=4, format_reward=0.5)
     t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg)
     responses = [torch.tensor(tokenizer.encode(x)) for x in "abcd"]
