@@ -297,13 +297,14 @@ def validate_config(cfg: Config) -> None:
 
 def reward_checks(cfg: Config) -> list[tuple[str, bool, str]]:
     """reward_function and reward_weights, in validate_config's (key, ok, what it must be) form."""
-    path, _, name = cfg.reward_function.rpartition(":")
     if not cfg.reward_function:
         return [("reward_weights", not cfg.reward_weights, "empty without a reward_function (it weighs the "
                  "verifier's reward against the function's)")]
+    path, name = reward_file(cfg)
     return [("reward_function", path.endswith(".py") and name.isidentifier(),
              "path/to/file.py:function_name (the function is called as name(response, answer, record) -> float)"),
-            ("reward_function", Path(path).expanduser().is_file(), f"an existing file: {path} is not one"),
+            ("reward_function", Path(path).is_file(),
+             f"an existing file: {cfg.reward_function.rpartition(':')[0]} is not one"),
             ("reward_weights", not cfg.reward_weights or reward_weights(cfg.reward_weights) is not None,
              "empty (the function alone) or two finite numbers 'v,f': v * the verifier's reward + f * the function's")]
 
@@ -418,8 +419,7 @@ def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
                            f"{budget} it exceeds the model's context of {context}")
             else:
                 forms[reference[1]] += 1
-                good.append(dict(p, answer=reference[0], prompt_ids=ids, read_from=(
-                    str(answer) if reference[0] != str(answer) else None)))
+                good.append(dict(p, answer=reference[0], prompt_ids=ids, extracted=reference[0] != str(answer)))
     if bad and cfg.bad_records == "stop":
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         first = f"lower {budget_key}" if too_long[:1] == [0] else "fix the data"  # the fix for bad[0] comes first
@@ -1595,9 +1595,7 @@ def try_reward_function(scorer: verifier.TimedVerifier, problem: dict, cfg: Conf
     a missing function, wrong signature, exception, hang or non-number result is one line, not 50 zero rewards."""
     if not cfg.reward_function:
         return
-    calls = (scorer.n_calls, scorer.n_timeouts, scorer.n_crashes)
     result = scorer.score(f"\\boxed{{{problem['answer']}}}", problem["answer"], problem["record"])
-    scorer.n_calls, scorer.n_timeouts, scorer.n_crashes = calls  # the run's counts are the rollouts' alone
     if len(result) < 4:
         why = (f"did not return within verifier_timeout {cfg.verifier_timeout:g} s" if result[2] == "timeout"
                else f"failed: {scorer.last_error}")
@@ -2291,7 +2289,7 @@ def group_rollouts(step, problem, cfg, group: Group, advantages, seq_log_probs, 
                  answer=group.scored[i][1], status=group.scored[i][2], reward=float(group.rewards[i]),
                  advantage=float(advantages[i]), tokens=group.tokens[i], cut_at_limit=group.cut[i],
                  sequence_log_prob=seq_log_probs[i], **({"set_aside": True} if set_aside else {}),
-                 **({"reference": problem["answer"]} if problem.get("read_from") else {}))
+                 **({"reference": problem["answer"]} if problem.get("extracted") else {}))
             for i in range(cfg.group_size)]
 
 

@@ -99,7 +99,8 @@ def read_lines(path):
 @pytest.mark.parametrize("schema", ["gsm8k", "math"])
 def test_two_steps_on_each_schema_score_the_reference(schema, scripted, tmp_path, tiny_model_dir):
     if schema == "gsm8k":
-        data, fields, references = write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K), ["problem_field=question"], ["72", "10"]
+        data, fields = write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K), ["problem_field=question"]
+        references = ["72", "10"]
         settings, said = ["answer_format=gsm8k"], "dataset answers (answer_format gsm8k): text after the last '####'"
     else:
         data, fields, references = write_jsonl(tmp_path / "math.jsonl", MATH), ["answer_field=solution"], ["1", "7"]
@@ -175,7 +176,8 @@ def test_a_configured_copy_loads_by_its_config_name(tmp_path, capsys, scripted, 
     assert T.main([*args, f"dataset={tmp_path / 'out' / 'rollouts.jsonl'}", "dataset_config=main",
                    f"output_dir={tmp_path / 'other'}"]) == 2
     one_line_error(capsys, "dataset_config 'main' names a configuration of a hub set, and dataset "
-                           f"{tmp_path / 'out' / 'rollouts.jsonl'} is a file, which has none; set dataset_config to empty")
+                           f"{tmp_path / 'out' / 'rollouts.jsonl'} is a file, which has none; "
+                           "set dataset_config to empty")
 
 
 def test_the_config_name_reaches_load_dataset(monkeypatch):
@@ -264,8 +266,8 @@ def test_a_reward_function_with_weights_gives_its_worked_rewards(tmp_path, scrip
 
 @pytest.mark.parametrize("name, status, counted", [("hangs_on_none", "timeout", "verifier_timeouts"),
                                                    ("raises_on_none", "crash", "verifier_crashes")])
-def test_a_hang_or_failure_during_the_run_scores_0_and_is_counted(name, status, counted, tmp_path, scripted, tiny_model_dir,
-                                                                  rewards_file):
+def test_a_hang_or_failure_during_the_run_scores_0_and_is_counted(name, status, counted, tmp_path, scripted,
+                                                                  tiny_model_dir, rewards_file):
     scripted.extend(["1", "7"])
     code, _, err = run(math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:{name}",
                                 "verifier_timeout=0.5"))
