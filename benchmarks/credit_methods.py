@@ -126,14 +126,18 @@ def main() -> int:
             print(f"{folder.name}: {drawn or 'not drawn (no step with variance, or its tokens do not re-tokenize)'}")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    results = []
+    # results.json gathers every invocation's runs into one table: a run done again replaces its earlier record
+    saved = out / "results.json"
+    results = json.loads(saved.read_text()) if saved.is_file() else []
     for task in args.tasks:
         for seed in args.seeds:
             for method in args.methods:
-                results.append(one_run(model, task, method, seed, args.on, out, args.sampled))
-                (out / "results.json").write_text(json.dumps(results, indent=1))
-                print(table(results[-1:]).splitlines()[-1], flush=True)
-    print(table(results))
+                res = one_run(model, task, method, seed, args.on, out, args.sampled)
+                results = [r for r in results if (r["task"], r["method"], r["seed"], r["on"]) !=
+                           (task, method, seed, args.on)] + [res]
+                saved.write_text(json.dumps(results, indent=1))
+                print(table([res]).splitlines()[-1], flush=True)
+    print(table(sorted(results, key=lambda r: (r["task"], r["on"], list(METHODS).index(r["method"]), r["seed"]))))
     return 0
 
 
