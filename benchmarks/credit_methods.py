@@ -76,6 +76,50 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def answers_after(out: Path, r: dict) -> list[dict]:
+    folder = out / f"{r['task']}-{r['method']}-seed{r['seed']}"
+    records = [json.loads(line) for line in (folder / "eval.jsonl").read_text().splitlines()]
+    return [x for x in records if x["phase"] == "after"]
+
+
+def summary(results: list[dict], out: Path) -> str:
+    """One row per (task, method) over its seeds: each seed's greedy after, the mean change and its spread,
+    and the paired comparison of each seed's final model against the spec's credit at the same seed (problems
+    won / lost, exact McNemar p), computed from the two runs' eval.jsonl."""
+    import statistics
+
+    import train_rlvr as T
+
+    lines = ["| task | method | seeds | greedy after, per seed | change, mean (sd) | against `sequence`, per seed: "
+             "won/lost (p) | steps with a gradient | generated tokens | points / M tokens | the 50 steps, per seed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    runs = {(r["task"], r["method"], r["seed"]): r for r in results}
+    for task, method in dict.fromkeys((r["task"], r["method"]) for r in
+                                      sorted(results, key=lambda r: (r["task"], list(METHODS).index(r["method"])))):
+        rs = sorted((r for r in results if (r["task"], r["method"]) == (task, method)), key=lambda r: r["seed"])
+        change = [100 * (r["greedy"]["after"]["accuracy"] - r["greedy"]["before"]["accuracy"]) for r in rs]
+        against = []
+        for r in rs:
+            base = runs.get((task, "sequence", r["seed"]))
+            if method == "sequence" or base is None:
+                continue
+            b = T.correct_counts(answers_after(out, base))
+            a = T.correct_counts(answers_after(out, r))
+            won, lost = sum(a[i] > b[i] for i in a), sum(a[i] < b[i] for i in a)
+            against.append(f"{won}/{lost} ({T.mcnemar_exact_p(won, lost):.2g})")
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        seconds = [f"{r['step_seconds']:.0f}" for r in rs]
+        sd = f" ({statistics.stdev(change):.1f})" if len(change) > 1 else ""
+        lines.append(f"| {task} | {method} | {len(rs)} | {', '.join(str(r['greedy']['after']['correct']) for r in rs)}"
+                     f"/{rs[0]['greedy']['after']['n']} (from {rs[0]['greedy']['before']['correct']}) | "
+                     f"{mean(change):+.1f}{sd} | {'; '.join(against) or '-'} | "
+                     f"{mean([r['nonzero_gradient_steps'] for r in rs]):.1f}/50 | "
+                     f"{mean([r['generated_tokens'] for r in rs]):,.0f} | "
+                     f"{mean([r['points_per_million_tokens'] for r in rs]):+,.0f} | "
+                     f"{' / '.join(seconds)} s |")
+    return "\n".join(lines)
+
+
 def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
     """One group of a finished run drawn as credit.png draws it (train_rlvr.credit_figure): the first step with
     reward variance, each token on a background coloured by the advantage the loss gave it. Its tokens are the
@@ -111,12 +155,17 @@ def main() -> int:
     ap.add_argument("--out", default="runs/credit")
     ap.add_argument("--pictures", action="store_true", help="only draw one group of each finished run in --out "
                     "(FOLDER.png beside each run folder), and stop")
+    ap.add_argument("--summary", action="store_true", help="only print the table over seeds of the runs in "
+                    "--out/results.json (each method against the spec's credit at the same seed), and stop")
     args = ap.parse_args()
     model, out = Path(args.model).resolve(), Path(args.out).resolve()
     missing = [TASKS[t][1] + "train.json" for t in args.tasks if not (model / (TASKS[t][1] + "train.json")).is_file()]
     if missing:
         sys.exit(f"error: {model} has no {missing[0]}; run python examples/make_smollm2.py {args.model} (--problems-only "
                  "--task sum3 for the sum3 task)")
+    if args.summary:
+        print(summary(json.loads((out / "results.json").read_text()), out))
+        return 0
     if args.pictures:
         from transformers import AutoTokenizer
 
