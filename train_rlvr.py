@@ -863,6 +863,7 @@ def sample_group(step: int, draw: int, problem: dict, prompt_ids: torch.Tensor, 
         amp = autocast(t.device, t.precision)
         if t.cfg.credit == "tree":  # every rank grows the whole tree (its prefixes are shared); rank 0's is used
             tree = from_rank0(generate_tree(t.model, t.tokenizer, prompt_ids, t.cfg, t.eos_id, draw, amp))
+            warn_tree_copies(step, tree, t)
             leaves = [prompt_ids.new_tensor(tree.leaves[i]) for i in mine]
             return leaves, [tree.cut[i] for i in mine], tree
         streams = rollout_streams(t.cfg.seed, draw, mine, t.device)
@@ -940,6 +941,19 @@ def generate_tree(model, tokenizer, prompt_ids: torch.Tensor, cfg: Config, eos_i
     segments = [[starts[p[:k + 1]] for k in range(len(p)) if starts[p[:k + 1]] < len(nodes[p][0])] for p in frontier]
     return Tree([r.tolist() for r in leaves], [not (len(r) and int(r[-1]) == eos_id) for r in leaves], segments,
                 generated)
+
+
+def warn_tree_copies(step: int, tree: Tree, t: Trainer) -> None:
+    # A response that ends before the tree's last level leaves its node's other leaves copies of it: on a task of
+    # one-line answers (one segment) the 2,2,2 tree is 2 samples copied 4 times, and learns from far less.
+    levels = tree_levels(t.cfg.tree_branching)
+    distinct = len({path[:len(seg)] for path, seg in zip(leaf_paths(levels), tree.segments)})
+    if distinct < len(tree.leaves):
+        warn_once(t, "tree copies", f"warning: step {step}: credit=tree: the group holds {distinct} distinct responses "
+                  f"of {len(tree.leaves)}: responses that ended (EOS or max_new_tokens) before the tree's last level "
+                  f"({len(levels)} levels of at most credit_segment_tokens={t.cfg.credit_segment_tokens} tokens) leave "
+                  "copies in the other leaves (said once a run; where responses are shorter than that, lower "
+                  "credit_segment_tokens, use fewer levels, or credit=sequence)")
 
 
 def segment_end(pieces: list[str], start: int, limit: int, whole: bool = True) -> int:

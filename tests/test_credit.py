@@ -75,6 +75,21 @@ def test_a_hand_built_tree_gives_its_node_values_and_trains_a_shared_token_once(
     assert sum(x for w in credit.weights for x in w.tolist()) == pytest.approx(3 * a + 2 * b - 3 * b - 2 * a)
 
 
+def test_a_tree_whose_responses_end_before_its_last_level_says_how_many_are_copies(capsys):
+    """_tree's node (1,) ended at EOS in the first level: leaves 2 and 3 are one response, 3 distinct of 4, said
+    once a run; a tree whose every leaf reaches the last level says nothing."""
+    t = _trainer(group_size=4, credit="tree", tree_branching="2,2", credit_segment_tokens=3)
+    t.warned = set()
+    whole = T.Tree([[5, 6, 7, 8, 0], [5, 6, 7, 9, 0], [4, 3, 2, 1, 0], [4, 3, 2, 2, 0]], [False] * 4, [[0, 3]] * 4, 10)
+    T.warn_tree_copies(1, whole, t)
+    assert capsys.readouterr().err == ""
+    T.warn_tree_copies(2, _tree(), t)
+    T.warn_tree_copies(3, _tree(), t)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: step 2: credit=tree: the group holds 3 distinct responses of 4")
+    assert "(2 levels of at most credit_segment_tokens=3 tokens)" in err[0]
+
+
 def test_the_tree_is_sampled_level_by_level_with_a_stream_per_node(tiny_model):
     """generate_tree on the tiny model: 4 leaves for branching 2,2; the leaves under a node share its tokens; a
     node's tokens come from its own stream, so the tree is the same whichever order or batch draws it."""
