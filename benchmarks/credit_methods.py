@@ -2,6 +2,7 @@
 
     python examples/make_smollm2.py runs/smollm2 && python examples/make_smollm2.py runs/smollm2 --problems-only --task sum3
     python benchmarks/credit_methods.py --tasks sum3 addition --seeds 0 1 2 --on heldout --out runs/credit
+    python benchmarks/credit_methods.py --out runs/credit --summary      # every run, then each method over seeds
     python benchmarks/credit_methods.py --out runs/credit --pictures     # one group of each run, drawn
 
 Each (task, method, seed) is one ordinary run, `python train_rlvr.py --config examples/smollm2_sum3.yaml` (task
@@ -72,7 +73,7 @@ def table(results: list[dict]) -> str:
                      f"| {100 * (a['accuracy'] - b['accuracy']):+.1f} | {r['paired']['mcnemar_p']:.2g} | "
                      f"{pass1} | "
                      f"{r['nonzero_gradient_steps']}/{r['steps']} | {r['generated_tokens']:,} | "
-                     f"{r['points_per_million_tokens']:+.1f} | {r['step_seconds']:.0f} s |")
+                     f"{r['points_per_million_tokens']:+,.0f} | {r['step_seconds']:.0f} s |")
     return "\n".join(lines)
 
 
@@ -155,8 +156,9 @@ def main() -> int:
     ap.add_argument("--out", default="runs/credit")
     ap.add_argument("--pictures", action="store_true", help="only draw one group of each finished run in --out "
                     "(FOLDER.png beside each run folder), and stop")
-    ap.add_argument("--summary", action="store_true", help="only print the table over seeds of the runs in "
-                    "--out/results.json (each method against the spec's credit at the same seed), and stop")
+    ap.add_argument("--summary", action="store_true", help="only print the runs in --out/results.json, one row "
+                    "each, then one row per task and method over its seeds (against the spec's credit at the same "
+                    "seed), and stop")
     args = ap.parse_args()
     model, out = Path(args.model).resolve(), Path(args.out).resolve()
     missing = [TASKS[t][1] + "train.json" for t in args.tasks if not (model / (TASKS[t][1] + "train.json")).is_file()]
@@ -164,7 +166,10 @@ def main() -> int:
         sys.exit(f"error: {model} has no {missing[0]}; run python examples/make_smollm2.py {args.model} (--problems-only "
                  "--task sum3 for the sum3 task)")
     if args.summary:
-        print(summary(json.loads((out / "results.json").read_text()), out))
+        results = json.loads((out / "results.json").read_text())
+        print(table(sorted(results, key=lambda r: (r["task"], r["on"], list(METHODS).index(r["method"]), r["seed"]))))
+        print()
+        print(summary(results, out))
         return 0
     if args.pictures:
         from transformers import AutoTokenizer
