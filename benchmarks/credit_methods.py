@@ -61,6 +61,10 @@ def one_run(model: Path, task: str, method: str, seed: int, on: str, out: Path, 
     return res
 
 
+def run_order(r: dict) -> tuple:
+    return r["task"], r["on"], list(METHODS).index(r["method"]), r["seed"]
+
+
 def table(results: list[dict]) -> str:
     lines = ["| task | method | seed | greedy before -> after | change | McNemar p | sampled pass@1 | "
              "steps with a gradient | generated tokens | points / M tokens | 50 steps |",
@@ -167,7 +171,7 @@ def main() -> int:
                  "--task sum3 for the sum3 task)")
     if args.summary:
         results = json.loads((out / "results.json").read_text())
-        print(table(sorted(results, key=lambda r: (r["task"], r["on"], list(METHODS).index(r["method"]), r["seed"]))))
+        print(table(sorted(results, key=run_order)))
         print()
         print(summary(results, out))
         return 0
@@ -191,7 +195,7 @@ def main() -> int:
                            (task, method, seed, args.on)] + [res]
                 saved.write_text(json.dumps(results, indent=1))
                 print(table([res]).splitlines()[-1], flush=True)
-    print(table(sorted(results, key=lambda r: (r["task"], r["on"], list(METHODS).index(r["method"]), r["seed"]))))
+    print(table(sorted(results, key=run_order)))
     return 0
 
 
