@@ -2,6 +2,7 @@
 
     python examples/make_smollm2.py runs/smollm2 && python examples/make_smollm2.py runs/smollm2 --problems-only --task sum3
     python benchmarks/credit_methods.py --tasks sum3 addition --seeds 0 1 2 --on heldout --out runs/credit
+    python benchmarks/credit_methods.py --tasks sum3 addition --seeds 0 1 2 --on heldout --out runs/credit --add-sampled
     python benchmarks/credit_methods.py --out runs/credit --summary      # every run, then each method over seeds
     python benchmarks/credit_methods.py --out runs/credit --pictures     # one group of each run, drawn
 
@@ -14,8 +15,9 @@ sum3) or `examples/smollm2.yaml` (addition) with the method's settings, `seed=..
   entropy      top_entropy_quantile=0.2 (the spec's credit, the policy term on the top 20 % entropy tokens)
 Figures, all from the run's files: greedy before -> after and the exact McNemar p (eval_summary.json), the
 tokens generated in the 50 steps (metrics.jsonl: generated_tokens, or response_tokens for the spec's credit),
-the 50 steps' seconds, and the points gained per million generated tokens; with --sampled, the sampled pass@1
-of the start model and of final/ (benchmarks/smollm2_learning.py's evaluation-only runs).
+the 50 steps' seconds, and the points gained per million generated tokens; with --sampled (or later, for the
+finished runs, --add-sampled), the sampled pass@1 of the start model and of final/ (evaluation-only runs as
+benchmarks/smollm2_learning.py's: 2 samples on each of the first 100 problems).
 """
 
 from __future__ import annotations
@@ -52,13 +54,26 @@ def one_run(model: Path, task: str, method: str, seed: int, on: str, out: Path, 
            "points_per_million_tokens": gain / (generated / 1e6), "step_seconds": sum(m["seconds"] for m in metrics),
            "run_seconds": wall}
     if sampled:
-        res["sampled"] = {}
-        for name, which in (("before", model), ("after", folder / "final")):
-            sfolder = out / f"{folder.name}-sampled-{name}"
-            run(["--config", config, f"model={which}", "num_problems=0", "eval_samples=2", "eval_problems=100",
-                 f"output_dir={sfolder}", *common[1:]], out / f"{sfolder.name}.log")
-            res["sampled"][name] = read_eval(sfolder)["model"]["accuracy"]
+        res["sampled"] = sampled_pass1(model, task, method, seed, on, out)
     return res
+
+
+def sampled_pass1(model: Path, task: str, method: str, seed: int, on: str, out: Path) -> dict:
+    """The sampled pass@1 of the start model and of the run's final/: two evaluation-only runs (num_problems=0)
+    that sample 2 responses on each of the first 100 --on problems at the yaml's evaluation temperature. The
+    start model's is the same for every method at one seed (same model, problems and seed), so it is run once
+    per task and seed and read back after."""
+    config, prefix = TASKS[task]
+    folder = out / f"{task}-{method}-seed{seed}"
+    common = [f"eval_dataset={model / (prefix + on + '.json')}", f"seed={seed}", "overwrite=true", "num_problems=0",
+              "eval_samples=2", "eval_problems=100"]
+    figures = {}
+    for name, which, sfolder in (("before", model, out / f"{task}-seed{seed}-sampled-before"),
+                                 ("after", folder / "final", out / f"{folder.name}-sampled-after")):
+        if name == "after" or not (sfolder / "eval.jsonl").is_file():
+            run(["--config", config, f"model={which}", f"output_dir={sfolder}", *common], out / f"{sfolder.name}.log")
+        figures[name] = read_eval(sfolder)["model"]["accuracy"]
+    return figures
 
 
 def run_order(r: dict) -> tuple:
@@ -96,8 +111,9 @@ def summary(results: list[dict], out: Path) -> str:
     import train_rlvr as T
 
     lines = ["| task | method | seeds | greedy after, per seed | change, mean (sd) | against `sequence`, per seed: "
-             "won/lost (p) | steps with a gradient | generated tokens | points / M tokens | the 50 steps, per seed |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "won/lost (p) | sampled pass@1 change, mean | steps with a gradient | generated tokens | points / M tokens | "
+             "the 50 steps, per seed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     runs = {(r["task"], r["method"], r["seed"]): r for r in results}
     for task, method in dict.fromkeys((r["task"], r["method"]) for r in
                                       sorted(results, key=lambda r: (r["task"], list(METHODS).index(r["method"])))):
@@ -115,9 +131,11 @@ def summary(results: list[dict], out: Path) -> str:
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
         seconds = [f"{r['step_seconds']:.0f}" for r in rs]
         sd = f" ({statistics.stdev(change):.1f})" if len(change) > 1 else ""
+        sampled = [100 * (r["sampled"]["after"] - r["sampled"]["before"]) for r in rs if "sampled" in r]
+        sampled = f"{mean(sampled):+.1f} ({len(sampled)} seeds)" if sampled else "-"
         lines.append(f"| {task} | {method} | {len(rs)} | {', '.join(str(r['greedy']['after']['correct']) for r in rs)}"
                      f"/{rs[0]['greedy']['after']['n']} (from {rs[0]['greedy']['before']['correct']}) | "
-                     f"{mean(change):+.1f}{sd} | {'; '.join(against) or '-'} | "
+                     f"{mean(change):+.1f}{sd} | {'; '.join(against) or '-'} | {sampled} | "
                      f"{mean([r['nonzero_gradient_steps'] for r in rs]):.1f}/50 | "
                      f"{mean([r['generated_tokens'] for r in rs]):,.0f} | "
                      f"{mean([r['points_per_million_tokens'] for r in rs]):+,.0f} | "
@@ -163,6 +181,8 @@ def main() -> int:
     ap.add_argument("--summary", action="store_true", help="only print the runs in --out/results.json, one row "
                     "each, then one row per task and method over its seeds (against the spec's credit at the same "
                     "seed), and stop")
+    ap.add_argument("--add-sampled", action="store_true", help="only add the sampled pass@1 to the finished runs in "
+                    "--out/results.json that lack it (those of --tasks, --methods, --seeds, --on), and stop")
     args = ap.parse_args()
     model, out = Path(args.model).resolve(), Path(args.out).resolve()
     missing = [TASKS[t][1] + "train.json" for t in args.tasks if not (model / (TASKS[t][1] + "train.json")).is_file()]
@@ -174,6 +194,17 @@ def main() -> int:
         print(table(sorted(results, key=run_order)))
         print()
         print(summary(results, out))
+        return 0
+    if args.add_sampled:
+        saved = out / "results.json"
+        results = json.loads(saved.read_text())
+        for r in sorted(results, key=run_order):
+            if "sampled" in r or r["task"] not in args.tasks or r["method"] not in args.methods or \
+                    r["seed"] not in args.seeds or r["on"] != args.on:
+                continue
+            r["sampled"] = sampled_pass1(model, r["task"], r["method"], r["seed"], r["on"], out)
+            saved.write_text(json.dumps(results, indent=1))
+            print(table([r]).splitlines()[-1], flush=True)
         return 0
     if args.pictures:
         from transformers import AutoTokenizer
