@@ -62,13 +62,13 @@ def sampled_pass1(model: Path, task: str, method: str, seed: int, on: str, out: 
     """The sampled pass@1 of the start model and of the run's final/: two evaluation-only runs (num_problems=0)
     that sample 2 responses on each of the first 100 --on problems at the yaml's evaluation temperature. The
     start model's is the same for every method at one seed (same model, problems and seed), so it is run once
-    per task and seed and read back after."""
+    per task, problem set and seed and read back after."""
     config, prefix = TASKS[task]
     folder = out / f"{task}-{method}-seed{seed}"
     common = [f"eval_dataset={model / (prefix + on + '.json')}", f"seed={seed}", "overwrite=true", "num_problems=0",
               "eval_samples=2", "eval_problems=100"]
     figures = {}
-    for name, which, sfolder in (("before", model, out / f"{task}-seed{seed}-sampled-before"),
+    for name, which, sfolder in (("before", model, out / f"{task}-{on}-seed{seed}-sampled-before"),
                                  ("after", folder / "final", out / f"{folder.name}-sampled-after")):
         if name == "after" or not (sfolder / "eval.jsonl").is_file():
             run(["--config", config, f"model={which}", f"output_dir={sfolder}", *common], out / f"{sfolder.name}.log")
