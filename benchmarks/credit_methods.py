@@ -37,34 +37,42 @@ METHODS = {"sequence": [], "monte_carlo": ["credit=monte_carlo"], "tree": ["cred
 TASKS = {"sum3": ("examples/smollm2_sum3.yaml", "sum3-"), "addition": ("examples/smollm2.yaml", "")}
 
 
-def one_run(model: Path, task: str, method: str, seed: int, on: str, out: Path, sampled: bool) -> dict:
+def run_folder(out: Path, task: str, method: str, seed: int, settings: list[str] = ()) -> Path:
+    """A run's folder: TASK-METHOD-seedS, then each --set setting (credit_segment_tokens=4 -> -credit_segment_tokens4).
+    The problem set (--on) is not in the name: dev runs go to their own --out."""
+    return out / "-".join([task, method, f"seed{seed}", *(s.replace("=", "") for s in settings)])
+
+
+def one_run(model: Path, task: str, method: str, seed: int, on: str, out: Path, sampled: bool,
+            settings: list[str] = ()) -> dict:
     config, prefix = TASKS[task]
-    folder = out / f"{task}-{method}-seed{seed}"
+    folder = run_folder(out, task, method, seed, settings)
     common = [f"model={model}", f"eval_dataset={model / (prefix + on + '.json')}", f"seed={seed}", "overwrite=true"]
     wall = run(["--config", config, f"dataset={model / (prefix + 'train.json')}", f"output_dir={folder}", *common,
-                *METHODS[method]], out / f"{folder.name}.log")
+                *METHODS[method], *settings], out / f"{folder.name}.log")
     summary = json.loads((folder / "eval_summary.json").read_text())
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     greedy = read_eval(folder)
     generated = sum(m.get("generated_tokens", m["response_tokens"]) for m in metrics)
     gain = 100 * (greedy["after"]["accuracy"] - greedy["before"]["accuracy"])
-    res = {"task": task, "method": method, "seed": seed, "on": on, "greedy": greedy,
+    res = {"task": task, "method": method, "seed": seed, "on": on, "settings": list(settings), "greedy": greedy,
            "paired": summary["comparison"]["paired"], "steps": len(metrics),
            "nonzero_gradient_steps": sum(m["grad_norm"] > 0 for m in metrics), "generated_tokens": generated,
            "points_per_million_tokens": gain / (generated / 1e6), "step_seconds": sum(m["seconds"] for m in metrics),
            "run_seconds": wall}
     if sampled:
-        res["sampled"] = sampled_pass1(model, task, method, seed, on, out)
+        res["sampled"] = sampled_pass1(model, task, method, seed, on, out, settings)
     return res
 
 
-def sampled_pass1(model: Path, task: str, method: str, seed: int, on: str, out: Path) -> dict:
+def sampled_pass1(model: Path, task: str, method: str, seed: int, on: str, out: Path, settings: list[str] = ()
+                  ) -> dict:
     """The sampled pass@1 of the start model and of the run's final/: two evaluation-only runs (num_problems=0)
     that sample 2 responses on each of the first 100 --on problems at the yaml's evaluation temperature. The
     start model's is the same for every method at one seed (same model, problems and seed), so it is run once
     per task, problem set and seed and read back after."""
     config, prefix = TASKS[task]
-    folder = out / f"{task}-{method}-seed{seed}"
+    folder = run_folder(out, task, method, seed, settings)
     common = [f"eval_dataset={model / (prefix + on + '.json')}", f"seed={seed}", "overwrite=true", "num_problems=0",
               "eval_samples=2", "eval_problems=100"]
     figures = {}
@@ -77,7 +85,12 @@ def sampled_pass1(model: Path, task: str, method: str, seed: int, on: str, out: 
 
 
 def run_order(r: dict) -> tuple:
-    return r["task"], r["on"], list(METHODS).index(r["method"]), r["seed"]
+    return r["task"], r["on"], list(METHODS).index(r["method"]), r.get("settings", []), r["seed"]
+
+
+def variant(r: dict) -> str:
+    """The method as the tables name it: with its --set settings, if any (tree credit_segment_tokens=2)."""
+    return " ".join([r["method"], *r.get("settings", [])])
 
 
 def table(results: list[dict]) -> str:
@@ -88,7 +101,7 @@ def table(results: list[dict]) -> str:
         b, a = r["greedy"]["before"], r["greedy"]["after"]
         s = r.get("sampled")
         pass1 = f"{100 * s['before']:.1f} % -> {100 * s['after']:.1f} %" if s else "-"
-        lines.append(f"| {r['task']} | {r['method']} | {r['seed']} | {b['correct']}/{b['n']} -> {a['correct']}/{a['n']} "
+        lines.append(f"| {r['task']} | {variant(r)} | {r['seed']} | {b['correct']}/{b['n']} -> {a['correct']}/{a['n']} "
                      f"| {100 * (a['accuracy'] - b['accuracy']):+.1f} | {r['paired']['mcnemar_p']:.2g} | "
                      f"{pass1} | "
                      f"{r['nonzero_gradient_steps']}/{r['steps']} | {r['generated_tokens']:,} | "
@@ -97,13 +110,13 @@ def table(results: list[dict]) -> str:
 
 
 def answers_after(out: Path, r: dict) -> list[dict]:
-    folder = out / f"{r['task']}-{r['method']}-seed{r['seed']}"
+    folder = run_folder(out, r["task"], r["method"], r["seed"], r.get("settings", []))
     records = [json.loads(line) for line in (folder / "eval.jsonl").read_text().splitlines()]
     return [x for x in records if x["phase"] == "after"]
 
 
 def summary(results: list[dict], out: Path) -> str:
-    """One row per (task, method) over its seeds: each seed's greedy after, the mean change and its spread,
+    """One row per (task, problem set, method with its settings) over its seeds: each seed's greedy after, the mean change and its spread,
     and the paired comparison of each seed's final model against the spec's credit at the same seed (problems
     won / lost, exact McNemar p), computed from the two runs' eval.jsonl."""
     import statistics
@@ -114,14 +127,14 @@ def summary(results: list[dict], out: Path) -> str:
              "won/lost (p) | sampled pass@1 change, mean | steps with a gradient | generated tokens | points / M tokens | "
              "the 50 steps, per seed |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    runs = {(r["task"], r["method"], r["seed"]): r for r in results}
-    for task, method in dict.fromkeys((r["task"], r["method"]) for r in
-                                      sorted(results, key=lambda r: (r["task"], list(METHODS).index(r["method"])))):
-        rs = sorted((r for r in results if (r["task"], r["method"]) == (task, method)), key=lambda r: r["seed"])
+    runs = {(r["task"], r["on"], variant(r), r["seed"]): r for r in results}
+    for task, on, method in dict.fromkeys((r["task"], r["on"], variant(r)) for r in sorted(results, key=run_order)):
+        rs = sorted((r for r in results if (r["task"], r["on"], variant(r)) == (task, on, method)),
+                    key=lambda r: r["seed"])
         change = [100 * (r["greedy"]["after"]["accuracy"] - r["greedy"]["before"]["accuracy"]) for r in rs]
         against = []
         for r in rs:
-            base = runs.get((task, "sequence", r["seed"]))
+            base = runs.get((task, on, "sequence", r["seed"]))
             if method == "sequence" or base is None:
                 continue
             b = T.correct_counts(answers_after(out, base))
@@ -174,6 +187,8 @@ def main() -> int:
     ap.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--on", choices=["dev", "heldout"], default="dev")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="settings for every run of this call "
+                    "beyond the method's (credit_segment_tokens=2): named in the run folder and in the tables")
     ap.add_argument("--sampled", action="store_true", help="also the sampled pass@1 (two evaluation-only runs each)")
     ap.add_argument("--out", default="runs/credit")
     ap.add_argument("--pictures", action="store_true", help="only draw one group of each finished run in --out "
@@ -202,7 +217,7 @@ def main() -> int:
             if "sampled" in r or r["task"] not in args.tasks or r["method"] not in args.methods or \
                     r["seed"] not in args.seeds or r["on"] != args.on:
                 continue
-            r["sampled"] = sampled_pass1(model, r["task"], r["method"], r["seed"], r["on"], out)
+            r["sampled"] = sampled_pass1(model, r["task"], r["method"], r["seed"], r["on"], out, r.get("settings", []))
             saved.write_text(json.dumps(results, indent=1))
             print(table([r]).splitlines()[-1], flush=True)
         return 0
@@ -221,9 +236,9 @@ def main() -> int:
     for task in args.tasks:
         for seed in args.seeds:
             for method in args.methods:
-                res = one_run(model, task, method, seed, args.on, out, args.sampled)
-                results = [r for r in results if (r["task"], r["method"], r["seed"], r["on"]) !=
-                           (task, method, seed, args.on)] + [res]
+                res = one_run(model, task, method, seed, args.on, out, args.sampled, args.set)
+                results = [r for r in results if (r["task"], variant(r), r["seed"], r["on"]) !=
+                           (task, variant(res), seed, args.on)] + [res]
                 saved.write_text(json.dumps(results, indent=1))
                 print(table([res]).splitlines()[-1], flush=True)
     print(table(sorted(results, key=run_order)))
