@@ -1661,6 +1661,7 @@ class Credit:
     values: list[list[float]]             # per response of the group: V at each segment's start, then at its end
     token_advantages: list[list[float]]   # per response of the group: A_it as the loss uses it, before the mask
     generated: int                        # tokens sampled for the step: the group's, continuations and branches
+    entropy_mask: list[list[int]] | None  # per response of the group: 1 where the mask keeps the policy term
 
 
 def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
@@ -1702,8 +1703,9 @@ def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Ten
                 a = a * trained[i]
         token_advantages.append(a)
     masks = entropy_masks(prompt_ids, responses, t)
-    weights = [(token_advantages[i] * (1.0 if masks is None else masks[j])).to(t.device) for j, i in enumerate(mine)]
-    return Credit(weights, starts, values, [a.tolist() for a in token_advantages], generated)
+    weights = [(token_advantages[i] * (1.0 if masks is None else masks[i])).to(t.device) for i in mine]
+    return Credit(weights, starts, values, [a.tolist() for a in token_advantages], generated,
+                  None if masks is None else [m.int().tolist() for m in masks])
 
 
 def tree_values(tree: Tree, rewards: list[float], levels: list[int]):
@@ -1760,16 +1762,17 @@ def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[tor
 
 
 def entropy_masks(prompt_ids: torch.Tensor, responses: list[torch.Tensor], t: Trainer) -> list[torch.Tensor] | None:
-    """top_entropy_quantile q < 1: per token of this rank's responses, whether the policy's entropy there is at
+    """top_entropy_quantile q < 1: per token of the group's responses, whether the policy's entropy there is at
     least the group's (1 - q) quantile (torch.quantile over every response token of the group, TRL's rule).
-    The entropy is of the distribution the loss trains (no temperature), from one more forward per response."""
+    The entropy is of the distribution the loss trains (no temperature), from one more forward per response of
+    this rank; the ranks' are gathered, so every rank holds the whole group's mask (rollouts.jsonl records it)."""
     q = t.cfg.top_entropy_quantile
     if q >= 1:
         return None
     entropies = [token_entropies(t.model, prompt_ids, r, autocast(t.device, t.precision)).cpu() for r in responses]
-    every = torch.tensor([x for share in gather_objects([e.tolist() for e in entropies]) for e in share for x in e])
-    threshold = torch.quantile(every, 1 - q)
-    return [(e >= threshold).float() for e in entropies]
+    group = [torch.tensor(e) for share in gather_objects([e.tolist() for e in entropies]) for e in share]
+    threshold = torch.quantile(torch.cat(group), 1 - q)
+    return [(e >= threshold).float() for e in group]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2273,12 +2276,15 @@ def step_report(step, problem, cfg, group: Group, advantages, seq_log_probs, epo
     rollouts = [r for p, g in set_aside for r in group_rollouts(step, p, cfg, g, torch.zeros(len(g.texts)),
                                                               [None] * len(g.texts), set_aside=True)]
     mine = group_rollouts(step, problem, cfg, group, advantages, seq_log_probs)
-    if cfg.credit != "sequence":
-        for i, r in enumerate(mine):
+    for i, r in enumerate(mine if credit is not None else []):
+        if cfg.credit != "sequence":
             r.update(segments=credit.segments[i], values=credit.values[i], token_advantages=credit.token_advantages[i])
+        if credit.entropy_mask is not None:
+            r["entropy_mask"] = credit.entropy_mask[i]
     tokens = [dict(step=step, problem_index=problem["index"], rollout=r["rollout"], reward=r["reward"],
                    advantage=r["advantage"], **c, **({} if credit is None else
-                                                     {"token_advantages": credit.token_advantages[r["rollout"]]}))
+                                                     {"token_advantages": credit.token_advantages[r["rollout"]]}),
+                   **({"entropy_mask": r["entropy_mask"]} if "entropy_mask" in r else {}))
               for r, c in zip(mine, changes or [])]
     return StepRecord(metrics, rollouts + mine, tokens)
 
@@ -2937,19 +2943,21 @@ def token_figure(records: list[dict]):
 
 
 def credit_figure(records: list[dict]):
-    """credit.png (token_report with a credit other than the spec's): the last step's whole group, each response
-    from a new line after its rollout and reward, each token on a background coloured by the advantage A_it the
-    loss gave it (blue pushed up, red down, white 0: a token trained in another leaf of a tree, or a segment
-    whose value did not change)."""
+    """credit.png (token_report with a credit other than the spec's, or the entropy mask): the last step's whole
+    group, each response from a new line after its rollout and reward, each token on a background coloured by the
+    advantage A_it the loss gave it (blue pushed up, red down, white 0: a token trained in another leaf of a tree,
+    a segment whose value did not change, or a token the entropy mask leaves out)."""
     last = sorted((r for r in records if r["step"] == records[-1]["step"]), key=lambda r: r["rollout"])
     lines, row = [], 0
     for rec in last:
         head = f"#{rec['rollout']} r={rec['reward']:g}: "
-        body = token_lines(rec["tokens"], rec["token_advantages"], 96 - len(head))
+        credit = [a * m for a, m in zip(rec["token_advantages"], rec.get("entropy_mask", [1] * len(rec["tokens"])))]
+        body = token_lines(rec["tokens"], credit, 96 - len(head))
         lines += [(0, row, head, 0.0)] + [(x + len(head), y + row, shown, a) for x, y, shown, a in body]
         row += body[-1][1] + 1 if body else 1
     title = (f"step {last[0]['step']}, problem {last[0]['problem_index']}: the group's token advantages\n"
-             "background: the advantage A_it the loss gave each token")
+             "background: the advantage A_it the loss gave each token" +
+             (" (white under the entropy mask)" if "entropy_mask" in last[0] else ""))
     return text_figure(lines, title, "token advantage A_it")
 
 

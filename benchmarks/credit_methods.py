@@ -160,8 +160,8 @@ def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
     """One group of a finished run drawn as credit.png draws it (train_rlvr.credit_figure): the first step with
     reward variance, each token on a background coloured by the advantage the loss gave it. Its tokens are the
     response re-tokenized (plus the EOS where it ended), used only where that gives back as many tokens as the
-    record's token_advantages; the spec's credit (no token_advantages) is drawn with A_i on every token. The
-    entropy mask is not recorded per token, so that run is drawn as the spec's."""
+    record's token_advantages; the spec's credit (no token_advantages) is drawn with A_i on every token, and under
+    the entropy mask (the record's entropy_mask) a token it leaves out with 0."""
     import train_rlvr as T
 
     rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
@@ -175,7 +175,7 @@ def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
         credit = r.get("token_advantages", [r["advantage"]] * r["tokens"])
         if len(pieces) != len(credit):
             return None
-        records.append(dict(r, tokens=pieces, token_advantages=credit))
+        records.append(dict(r, tokens=pieces, token_advantages=credit))  # entropy_mask, if any, rides along
     T.save_picture(T.credit_figure(records), out)
     return out
 

@@ -180,6 +180,7 @@ def test_the_spec_credit_is_no_credit_and_with_the_entropy_mask_every_token_gets
     assert credit.token_advantages == [[adv[0].item()] * 3, [adv[1].item()] * 2]
     # the group's entropies 0.1 0.2 0.5 0.8 0.9: the median 0.5 and above are kept
     assert [w.tolist() for w in credit.weights] == [[0.0, adv[0].item(), adv[0].item()], [0.0, adv[1].item()]]
+    assert credit.entropy_mask == [[0, 1, 1], [0, 1]]  # what rollouts.jsonl records
 
 
 def test_the_entropy_mask_keeps_the_top_quantile_of_the_groups_tokens(monkeypatch):
@@ -290,6 +291,17 @@ def test_the_entropy_mask_alone_keeps_the_spec_credit_and_trains_fewer_tokens(cr
     assert all("segments" not in r for r in rollouts)  # credit=sequence: the spec's records
     tokens = [json.loads(line) for line in (out / "tokens.jsonl").read_text().splitlines()]
     assert tokens and all(set(t["token_advantages"]) == {t["advantage"]} for t in tokens)
+    # each record's mask, one per token; q = 0.3 keeps the tokens above the 0.7 quantile (linear interpolation
+    # between the n sorted entropies: at least 0.3 (n - 1) of them, ties at the threshold keep more), and the
+    # token records carry the same mask
+    for step in {r["step"] for r in rollouts}:
+        group = [r for r in rollouts if r["step"] == step]
+        assert all(len(r["entropy_mask"]) == r["tokens"] and set(r["entropy_mask"]) <= {0, 1} for r in group)
+        kept, every = sum(sum(r["entropy_mask"]) for r in group), sum(r["tokens"] for r in group)
+        assert 0.3 * (every - 1) <= kept < every
+    masks = {(r["step"], r["rollout"]): r["entropy_mask"] for r in rollouts}
+    assert all(t["entropy_mask"] == masks[t["step"], t["rollout"]] for t in tokens)
+    assert (out / "credit.png").stat().st_size > 5_000
 
 
 def test_a_resume_that_changes_the_credit_is_refused(credit_runs, tiny_model_dir, tiny_data_file, capsys):

@@ -311,7 +311,7 @@ def test_each_credit_gives_the_one_process_run_on_two_processes(credit_one_proce
                                         {"text_rewards": True})
     assert code == 0, stderr[-3000:]
     a, b = _jsonl(credit_one_process[credit] / "rollouts.jsonl"), _jsonl(out / "rollouts.jsonl")
-    keys = ("step", "rollout", "response", "reward", "advantage", "tokens", "segments", "values")
+    keys = ("step", "rollout", "response", "reward", "advantage", "tokens", "segments", "values", "entropy_mask")
     assert [tuple(r[k] for k in keys) for r in a] == [tuple(r[k] for k in keys) for r in b]
     assert max(abs(u - v) for x, y in zip(a, b) for u, v in zip(x["token_advantages"], y["token_advantages"])) <= 1e-6
     assert any(v != r["values"][0] for r in a for v in r["values"][1:])  # some credit to compare
