@@ -5,6 +5,12 @@
     python benchmarks/credit_methods.py --tasks sum3 addition --seeds 0 1 2 --on heldout --out runs/credit --add-sampled
     python benchmarks/credit_methods.py --out runs/credit --summary      # every run, then each method over seeds
     python benchmarks/credit_methods.py --out runs/credit --pictures     # one group of each run, drawn
+    python benchmarks/credit_methods.py --tasks addition --methods tree --seeds 0 --on dev --out runs/credit-dev \
+        --set credit_segment_tokens=2                                     # a setting tried on the dev set
+
+The committed records: benchmarks/credit_methods.json (the grid, runs/credit), credit_dev.json (runs/credit-dev)
+and credit_tuned.json (runs/credit-tuned: the tree at the segment length chosen on dev, and the spec's credit run
+again beside it on the same machine); docs/variants.md has the commands of each.
 
 Each (task, method, seed) is one ordinary run, `python train_rlvr.py --config examples/smollm2_sum3.yaml` (task
 sum3) or `examples/smollm2.yaml` (addition) with the method's settings, `seed=..` and greedy evaluation of the
@@ -136,6 +142,11 @@ def summary(results: list[dict], out: Path) -> str:
         for r in rs:
             base = runs.get((task, on, "sequence", r["seed"]))
             if method == "sequence" or base is None:
+                continue
+            if not all((run_folder(out, x["task"], x["method"], x["seed"], x.get("settings", [])) / "eval.jsonl").is_file()
+                       for x in (base, r)):
+                # results.json outlives the run folders (benchmarks/credit_methods.json is the committed copy)
+                against.append("n/a (run files not here)")
                 continue
             b = T.correct_counts(answers_after(out, base))
             a = T.correct_counts(answers_after(out, r))
