@@ -5,6 +5,7 @@
     python benchmarks/credit_methods.py --tasks sum3 addition --seeds 0 1 2 --on heldout --out runs/credit --add-sampled
     python benchmarks/credit_methods.py --out runs/credit --summary      # every run, then each method over seeds
     python benchmarks/credit_methods.py --out runs/credit --pictures     # one group of each run, drawn
+    python benchmarks/credit_methods.py --out runs/credit --siblings     # each tree run's identical siblings
     python benchmarks/credit_methods.py --tasks addition --methods tree --seeds 0 --on dev --out runs/credit-dev \
         --set credit_segment_tokens=2                                     # a setting tried on the dev set
 
@@ -115,10 +116,13 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def answers_after(out: Path, r: dict) -> list[dict]:
-    folder = run_folder(out, r["task"], r["method"], r["seed"], r.get("settings", []))
-    records = [json.loads(line) for line in (folder / "eval.jsonl").read_text().splitlines()]
-    return [x for x in records if x["phase"] == "after"]
+def answers_after(out: Path, r: dict) -> list[dict] | None:
+    """The run's evaluation records after step 50; None where its folder is gone (results.json outlives the run
+    folders: benchmarks/credit_methods.json is the committed copy)."""
+    path = run_folder(out, r["task"], r["method"], r["seed"], r.get("settings", [])) / "eval.jsonl"
+    if not path.is_file():
+        return None
+    return [x for x in map(json.loads, path.read_text().splitlines()) if x["phase"] == "after"]
 
 
 def summary(results: list[dict], out: Path) -> str:
@@ -143,13 +147,11 @@ def summary(results: list[dict], out: Path) -> str:
             base = runs.get((task, on, "sequence", r["seed"]))
             if method == "sequence" or base is None:
                 continue
-            if not all((run_folder(out, x["task"], x["method"], x["seed"], x.get("settings", [])) / "eval.jsonl").is_file()
-                       for x in (base, r)):
-                # results.json outlives the run folders (benchmarks/credit_methods.json is the committed copy)
+            b, a = answers_after(out, base), answers_after(out, r)
+            if a is None or b is None:
                 against.append("n/a (run files not here)")
                 continue
-            b = T.correct_counts(answers_after(out, base))
-            a = T.correct_counts(answers_after(out, r))
+            b, a = T.correct_counts(b), T.correct_counts(a)
             won, lost = sum(a[i] > b[i] for i in a), sum(a[i] < b[i] for i in a)
             against.append(f"{won}/{lost} ({T.mcnemar_exact_p(won, lost):.2g})")
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
@@ -191,6 +193,50 @@ def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
     return out
 
 
+def tree_siblings(folder: Path, tokenizer) -> str | None:
+    """What a finished credit=tree run's groups were made of (docs/variants.md, "the identical sibling"): at each
+    depth, how many nodes have children that all hold the same tokens (their advantages then cancel in the
+    gradient); the groups with reward variance against the steps with a gradient; and the nonzero token
+    advantages counted by segment. Tokens are the responses re-tokenized, as group_picture's; None for a run
+    that is not a tree."""
+    import yaml
+
+    import train_rlvr as T
+
+    cfg = yaml.safe_load((folder / "run_config.yaml").read_text())
+    if cfg.get("credit") != "tree":
+        return None
+    levels = T.tree_levels(str(cfg["tree_branching"]))
+    rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    paths = T.leaf_paths(levels)
+    same = [0] * len(levels)
+    parents = [len(T.leaf_paths(levels[:k])) * len(metrics) for k in range(len(levels))]
+    by_segment: dict[int, int] = {}
+    for step in sorted({r["step"] for r in rollouts}):
+        group = sorted((r for r in rollouts if r["step"] == step), key=lambda r: r["rollout"])
+        ids = [tokenizer(r["response"], add_special_tokens=False)["input_ids"] for r in group]
+
+        def segment(leaf: int, k: int) -> tuple | None:
+            starts = group[leaf]["segments"]
+            return tuple(ids[leaf][starts[k]:starts[k + 1] if k + 1 < len(starts) else None]) if k < len(starts) \
+                else None
+        for k in range(len(levels)):
+            children: dict[tuple, set] = {}
+            for leaf, path in enumerate(paths):
+                children.setdefault(path[:k], {}).setdefault(path[k], segment(leaf, k))
+            same[k] += sum(len(set(c.values())) == 1 for c in children.values())
+        for r in group:
+            for k, start in enumerate(r["segments"]):
+                end = r["segments"][k + 1] if k + 1 < len(r["segments"]) else len(r["token_advantages"])
+                by_segment[k] = by_segment.get(k, 0) + sum(a != 0 for a in r["token_advantages"][start:end])
+    varied = sum(len({r["reward"] for r in rollouts if r["step"] == m["step"]}) > 1 for m in metrics)
+    return (f"nodes whose children hold the same tokens, by depth: "
+            f"{', '.join(f'{n}/{d}' for n, d in zip(same, parents))}; steps with reward variance {varied}, with a "
+            f"gradient {sum(m['grad_norm'] > 0 for m in metrics)} (of {len(metrics)}); nonzero token advantages by "
+            f"segment: {', '.join(str(by_segment.get(k, 0)) for k in range(len(levels)))}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="runs/smollm2")
@@ -207,6 +253,8 @@ def main() -> int:
     ap.add_argument("--summary", action="store_true", help="only print the runs in --out/results.json, one row "
                     "each, then one row per task and method over its seeds (against the spec's credit at the same "
                     "seed), and stop")
+    ap.add_argument("--siblings", action="store_true", help="only say, for each finished tree run in --out, how "
+                    "often sibling nodes hold the same tokens and where the nonzero token advantages lie, and stop")
     ap.add_argument("--add-sampled", action="store_true", help="only add the sampled pass@1 to the finished runs in "
                     "--out/results.json that lack it (those of --tasks, --methods, --seeds, --on), and stop")
     args = ap.parse_args()
@@ -231,6 +279,15 @@ def main() -> int:
             r["sampled"] = sampled_pass1(model, r["task"], r["method"], r["seed"], r["on"], out, r.get("settings", []))
             saved.write_text(json.dumps(results, indent=1))
             print(table([r]).splitlines()[-1], flush=True)
+        return 0
+    if args.siblings:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        for folder in sorted(p for p in out.iterdir() if (p / "rollouts.jsonl").is_file()):
+            found = tree_siblings(folder, tokenizer)
+            if found:
+                print(f"{folder.name}: {found}")
         return 0
     if args.pictures:
         from transformers import AutoTokenizer
