@@ -178,7 +178,7 @@ def load_config(argv: list[str] | None = None) -> Config | Path:
         if not sep:
             raise UserError(f"command-line setting '{item}' must look like key=value")
         try:
-            values[key] = yaml.safe_load(raw) if raw else ""
+            values[key] = yaml.load(raw, Loader=ConfigLoader) if raw else ""
         except yaml.YAMLError:
             values[key] = raw
         if isinstance(values[key], (dict, list)) or values[key] is None:
@@ -192,7 +192,37 @@ def load_config(argv: list[str] | None = None) -> Config | Path:
     cfg = Config(**{k: _coerce(k, v, type_of[types[k]]) for k, v in values.items()})
     validate_config(cfg)
     check_trackers(cfg)
+    warn_ignored(cfg)
     return cfg
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """YAML 1.1 reads 4:2 as the base-60 number 242 (and 1:30.5 as 90.5): no setting is written that way, so a
+    value with a colon stays the text the user wrote, and a message about it quotes that text."""
+
+    def resolve(self, kind, value, implicit):
+        tag = super().resolve(kind, value, implicit)
+        numbers = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+        return "tag:yaml.org,2002:str" if kind is yaml.ScalarNode and ":" in value and tag in numbers else tag
+
+
+# Settings that act only when another has a certain value: (key, whether it acts, the setting it needs).
+ACTS_ONLY_WITH = [
+    ("tree_branching", lambda c: c.credit == "tree", "credit=tree"),
+    ("credit_samples", lambda c: c.credit == "monte_carlo", "credit=monte_carlo"),
+    ("credit_segment_tokens", lambda c: c.credit != "sequence", "credit=monte_carlo or credit=tree"),
+    ("resample_limit", lambda c: c.zero_variance == "resample", "zero_variance=resample"),
+    ("clip_eps", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
+    ("clip_eps_high", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
+]
+
+
+def warn_ignored(cfg: Config) -> None:
+    """A setting changed from its default where it does nothing is said once, before the run starts."""
+    default = Config()
+    for key, acts, needs in ACTS_ONLY_WITH:
+        if getattr(cfg, key) != getattr(default, key) and not acts(cfg):
+            progress(f"warning: {key}={getattr(cfg, key)} is ignored: it acts only with {needs}")
 
 
 def read_config_file(path: Path, explicit: bool) -> dict:
@@ -202,7 +232,7 @@ def read_config_file(path: Path, explicit: bool) -> dict:
         progress("no config.yaml here: using the built-in defaults (the spec's setup)")
         return {}
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        values = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader) or {}
     except yaml.YAMLError as e:
         raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}")
     except UnicodeDecodeError as e:
@@ -306,16 +336,18 @@ def reward_checks(cfg: Config) -> list[tuple[str, bool, str]]:
             ("reward_function", Path(path).is_file(),
              f"an existing file: {cfg.reward_function.rpartition(':')[0]} is not one"),
             ("reward_weights", not cfg.reward_weights or reward_weights(cfg.reward_weights) is not None,
-             "empty (the function alone) or two finite numbers 'v,f': v * the verifier's reward + f * the function's")]
+             "empty (the function alone) or two finite numbers 'v,f', not both 0: v * the verifier's reward + f * "
+             "the function's")]
 
 
 def reward_weights(text: str) -> tuple[float, float] | None:
-    """reward_weights' (verifier, function) weights ("1,0.5" -> (1.0, 0.5)), None when it is not two finite numbers."""
+    """reward_weights' (verifier, function) weights ("1,0.5" -> (1.0, 0.5)), None when it is not two finite numbers
+    or both are 0 (every reward 0: nothing could learn)."""
     try:
         weights = tuple(float(x) for x in text.split(","))
     except ValueError:
         return None
-    return weights if len(weights) == 2 and all(map(math.isfinite, weights)) else None
+    return weights if len(weights) == 2 and all(map(math.isfinite, weights)) and any(weights) else None
 
 
 def tree_levels(branching: str) -> list[int] | None:
@@ -945,15 +977,28 @@ def generate_tree(model, tokenizer, prompt_ids: torch.Tensor, cfg: Config, eos_i
 
 def warn_tree_copies(step: int, tree: Tree, t: Trainer) -> None:
     # A response that ends before the tree's last level leaves its node's other leaves copies of it: on a task of
-    # one-line answers (one segment) the 2,2,2 tree is 2 samples copied 4 times, and learns from far less.
-    levels = tree_levels(t.cfg.tree_branching)
-    distinct = len({path[:len(seg)] for path, seg in zip(leaf_paths(levels), tree.segments)})
-    if distinct < len(tree.leaves):
-        warn_once(t, "tree copies", f"warning: step {step}: credit=tree: the group holds {distinct} distinct responses "
-                  f"of {len(tree.leaves)}: responses that ended (EOS or max_new_tokens) before the tree's last level "
-                  f"({len(levels)} levels of at most credit_segment_tokens={t.cfg.credit_segment_tokens} tokens) leave "
-                  "copies in the other leaves (said once a run; where responses are shorter than that, lower "
-                  "credit_segment_tokens, use fewer levels, or credit=sequence)")
+    # one-line answers (one segment) the 2,2,2 tree is 2 samples copied 4 times, and learns from far less. The
+    # warning names the cause its numbers show: responses that ended with EOS, or that reached max_new_tokens.
+    cfg, levels = t.cfg, tree_levels(t.cfg.tree_branching)
+    distinct = {path[:len(seg)]: i for i, (path, seg) in enumerate(zip(leaf_paths(levels), tree.segments))}
+    if len(distinct) == len(tree.leaves):
+        return
+    short = [i for path, i in distinct.items() if len(path) < len(levels)]
+    cut = [i for i in short if tree.cut[i]]
+    causes = []
+    if len(cut) < len(short):
+        shorter = ("lower credit_segment_tokens, use fewer levels" if cfg.credit_segment_tokens > 1
+                   else "use fewer levels")
+        causes.append(f"{len(short) - len(cut)} ended with EOS after at most "
+                      f"{max(len(tree.leaves[i]) for i in short if not tree.cut[i])} tokens ({shorter}, or "
+                      "credit=sequence)")
+    if cut:
+        causes.append(f"{len(cut)} reached max_new_tokens={cfg.max_new_tokens} (raise max_new_tokens, or use fewer "
+                      "levels)")
+    warn_once(t, "tree copies", f"warning: step {step}: credit=tree: the group holds {len(distinct)} distinct "
+              f"responses of {len(tree.leaves)}: of the responses that ended before the tree's last level "
+              f"({len(levels)} levels of at most credit_segment_tokens={cfg.credit_segment_tokens} tokens), whose "
+              f"copies fill the other leaves, {' and '.join(causes)} (said once a run)")
 
 
 def segment_end(pieces: list[str], start: int, limit: int, whole: bool = True) -> int:
@@ -1549,7 +1594,7 @@ def compiled_tolerance(scale: float, bf16: bool) -> float:
 class Group:
     """The whole group's rollouts, in rollout order (gathered from every rank)."""
     texts: list[str]
-    scored: list[tuple]  # (reward, extracted answer, status) per rollout
+    scored: list[tuple]  # (reward, extracted answer, status[, why it failed]) per rollout
     tokens: list[int]
     cut: list[bool]
     rewards: torch.Tensor
@@ -1562,16 +1607,46 @@ def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answe
                 tree: Tree | None = None, record: dict | None = None) -> Group:
     """Score this rank's rollouts (record: the problem's data set record, for a reward_function); every rank
     receives the whole group (its advantages standardize over all of it)."""
-    note(f"step {step}: rewards")
     texts = [t.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
-    scored = score_rollouts(t.scorer, texts, answer, **user_reward(t.cfg, record))
+    with agreed("rewards", step, cfg=t.cfg):  # a signal stops it between two calls, within one verifier_timeout
+        scored = score_rollouts(t.scorer, texts, answer, **user_reward(t.cfg, record))
     group = [x for share in gather_objects((texts, scored, [len(r) for r in responses], cut)) for x in zip(*share)]
     texts, scored, tokens, cut = map(list, zip(*group))
-    rewards = torch.tensor([s[0] + format_bonus(s[2], c, t.cfg.format_reward) for s, c in zip(scored, cut)],
-                           dtype=torch.float32)
-    check_stop()  # safe point for SIGINT/SIGTERM
+    values = [s[0] + format_bonus(s[2], c, t.cfg.format_reward) for s, c in zip(scored, cut)]
+    rewards = torch.tensor(values, dtype=torch.float32)
+    check_rewards(step, values, rewards, scored, t)
     progress(f"[step {step}] rewards {rewards.tolist()}; backward")
     return Group(texts, scored, tokens, cut, rewards, equal_rewards(rewards), draw, tree)
+
+
+FAILED = ("timeout", "crash")  # a call of the verifier (and reward_function) that gave no result: reward 0
+
+
+def check_rewards(step: int, values: list[float], rewards: torch.Tensor, scored: list[tuple], t: Trainer) -> None:
+    """What a reward_function can get wrong, caught at the step it happens (every rank holds the same group):
+    a failure is said once a run with its reason (each is counted: verifier_crashes, verifier_timeouts); a group
+    whose every call failed stops the run (bad_records: stop) or trains on its zeros (skip); a reward that the
+    group's float32 figures cannot hold (the sample std squares the rewards' spread) stops it."""
+    cfg = t.cfg
+    failed = [(i, s[3] if len(s) > 3 else s[2]) for i, s in enumerate(scored) if s[2] in FAILED]
+    if failed and cfg.reward_function:
+        fn = f"reward_function {cfg.reward_function}"
+        warn_once(t, "reward failed", f"warning: step {step}: {fn} failed on rollout {failed[0][0]}: {failed[0][1]} "
+                  f"(scored 0; said once a run, each failure is counted: metrics.jsonl's verifier_crashes and "
+                  f"verifier_timeouts, the summary's verifier overruns, rollouts.jsonl's error)")
+        if len(failed) == len(scored):
+            if cfg.bad_records == "stop":
+                raise StopRun(f"step {step}: {fn} failed on all {len(scored)} rollouts (the first: {failed[0][1]}); "
+                              "fix it, or set bad_records: skip to train on with their rewards 0", code=2)
+            progress(f"warning: step {step}: {fn} failed on all {len(scored)} rollouts (bad_records: skip): "
+                     "their rewards are 0")
+    if not (torch.isfinite(rewards).all() and torch.isfinite(rewards.mean()) and torch.isfinite(rewards.std())):
+        i = max(range(len(values)), key=lambda k: abs(values[k]))
+        source = (f"reward_function {cfg.reward_function} with reward_weights '{cfg.reward_weights}'"
+                  if cfg.reward_weights else f"reward_function {cfg.reward_function}")
+        raise StopRun(f"step {step}: rollout {i}'s reward {values[i]:g} ({source}) is too large for the group's "
+                      f"float32 mean and sample std (float32 holds up to 3.4e38, and the std squares the rewards' "
+                      f"spread); scale the rewards down", code=2)
 
 
 def equal_rewards(rewards: torch.Tensor) -> bool:
@@ -1581,14 +1656,21 @@ def equal_rewards(rewards: torch.Tensor) -> bool:
 
 
 def score_rollouts(scorer: verifier.TimedVerifier, texts: list[str], gold: str, record: dict | None = None,
-                   weights: tuple[float, float] = (0.0, 1.0)) -> list[tuple[float, str | None, str]]:
+                   weights: tuple[float, float] = (0.0, 1.0)) -> list[tuple]:
     """(reward, extracted answer, status) per rollout. The verifier runs in a worker process with a
-    hard wall-clock limit: an overrun or a crash scores 0 with status 'timeout' or 'crash'.
-    With a reward_function (a record given), the same worker calls it within the same limit, and the
-    reward is v * the verifier's + f * the function's (weights: reward_weights; by default the
-    function's alone); its hang or failure scores 0 too. The status stays the verifier's."""
-    scored = [scorer.score(text, gold, record) for text in texts]
-    return [(weights[0] * s[0] + weights[1] * s[3], s[1], s[2]) if len(s) == 4 else s for s in scored]
+    hard wall-clock limit: an overrun or a crash scores 0 with status 'timeout' or 'crash', and a fourth
+    item, why (one line). With a reward_function (a record given), the same worker calls it within the
+    same limit, and the reward is v * the verifier's + f * the function's (weights: reward_weights; by
+    default the function's alone); its hang or failure scores 0 too. The status stays the verifier's."""
+    scored = []
+    for text in texts:
+        check_stop(local=True)  # between two calls: a signal waits for one call at most, not the group's
+        s = scorer.score(text, gold, record)
+        if s[2] in FAILED:
+            s = (*s[:3], getattr(scorer, "last_error", None) or s[2])
+        scored.append((weights[0] * s[0] + weights[1] * s[3], s[1], s[2]) if len(s) == 4 and s[2] not in FAILED
+                      else s)
+    return scored
 
 
 def user_reward(cfg: Config, record: dict | None) -> dict:
@@ -1604,18 +1686,37 @@ def reward_file(cfg: Config) -> tuple[str, str] | None:
     return (str(Path(path).expanduser().resolve()), name) if cfg.reward_function else None
 
 
+@contextmanager
+def open_scorer(cfg: Config):
+    """The run's TimedVerifier, its worker started (with a reward_function, its file imported there, within
+    verifier_timeout: an import that raises, hangs or exits is one line)."""
+    scorer = verifier.TimedVerifier(timeout_s=cfg.verifier_timeout, reward_function=reward_file(cfg))
+    try:
+        scorer.__enter__()
+    except verifier.RewardFunctionError as e:
+        raise SharedError(reward_function_unusable(cfg, f"failed: {e} (importing it)"))
+    try:
+        yield scorer
+    finally:
+        scorer.close()
+
+
 def try_reward_function(scorer: verifier.TimedVerifier, problem: dict, cfg: Config) -> None:
     """A trial call of reward_function on the first record (a response that boxes its answer), before step 1:
-    a missing function, wrong signature, exception, hang or non-number result is one line, not 50 zero rewards."""
+    an exception, hang or non-number result is one line, not 50 zero rewards (a missing function, a wrong
+    signature, a file that cannot be imported: open_scorer)."""
     if not cfg.reward_function:
         return
     result = scorer.score(f"\\boxed{{{problem['answer']}}}", problem["answer"], problem["record"])
     if len(result) < 4:
         why = (f"did not return within verifier_timeout {cfg.verifier_timeout:g} s" if result[2] == "timeout"
                else f"failed: {scorer.last_error}")
-        raise UserError(f"reward_function {cfg.reward_function} {why} (a trial call on dataset record "
-                        f"{problem['index']}); fix it: it is called as name(response: str, answer: str, record: dict)"
-                        " and returns a number")
+        raise UserError(reward_function_unusable(cfg, f"{why} (a trial call on dataset record {problem['index']})"))
+
+
+def reward_function_unusable(cfg: Config, why: str) -> str:
+    return (f"reward_function {cfg.reward_function} {why}; fix it: it is called as name(response: str, answer: str, "
+            "record: dict) and returns a number")
 
 
 def format_bonus(status: str, was_cut: bool, weight: float) -> float:
@@ -1755,7 +1856,7 @@ def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[tor
             texts = [t.tokenizer.decode(torch.cat([p, o]).tolist(), skip_special_tokens=True)
                      for p, o in zip(prefixes, outs)]
             ended = [len(o) > 0 and int(o[-1]) == t.eos_id for o in outs]
-            for (j, c, _), (reward, _, status), stop in zip(batch, score_rollouts(t.scorer, texts, answer,
+            for (j, c, _), (reward, _, status, *_), stop in zip(batch, score_rollouts(t.scorer, texts, answer,
                                                                                 **user_reward(cfg, record)), ended):
                 values[j][c - 1] += (reward + format_bonus(status, not stop, cfg.format_reward)) / cfg.credit_samples
     return values, sampled
@@ -2294,8 +2395,9 @@ TABLE_FIGURES = ("group_size", "correct", "reward_mean", "reward_std", "response
 
 def group_figures(cfg, group: Group) -> dict:
     statuses = [s[2] for s in group.scored]
-    # correct: the verifier's, without format_reward; reward_std of a zero-variance group (8 x 0.1) is 0
-    return dict(group_size=cfg.group_size, correct=sum(s[0] == 1 for s in group.scored),
+    # correct: the verifier's verdicts (not the reward: format_reward, reward_function, reward_weights change that);
+    # reward_std of a zero-variance group (8 x 0.1) is 0
+    return dict(group_size=cfg.group_size, correct=statuses.count("correct"),
                 reward_mean=float(group.rewards.mean()),
                 reward_std=0.0 if group.zero_variance else float(group.rewards.std(unbiased=True)),
                 response_tokens=sum(group.tokens), cut_at_limit=sum(group.cut), no_answer=statuses.count("no_answer"),
@@ -2309,7 +2411,8 @@ def group_rollouts(step, problem, cfg, group: Group, advantages, seq_log_probs, 
                  answer=group.scored[i][1], status=group.scored[i][2], reward=float(group.rewards[i]),
                  advantage=float(advantages[i]), tokens=group.tokens[i], cut_at_limit=group.cut[i],
                  sequence_log_prob=seq_log_probs[i], **({"set_aside": True} if set_aside else {}),
-                 **({"reference": problem["answer"]} if problem.get("extracted") else {}))
+                 **({"reference": problem["answer"]} if problem.get("extracted") else {}),
+                 **({"error": group.scored[i][3]} if len(group.scored[i]) > 3 else {}))
             for i in range(cfg.group_size)]
 
 
@@ -2356,7 +2459,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
     t, s = load_training(cfg, device, precision, od, problems, argv, eval_set)
     with signals_caught():
         try:
-            with verifier.TimedVerifier(timeout_s=cfg.verifier_timeout, reward_function=reward_file(cfg)) as t.scorer:
+            with open_scorer(cfg) as t.scorer:
                 try_reward_function(t.scorer, s.problems[0], cfg)
                 begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
                 s.eval_log = on_rank0(read_eval_log, s.out, eval_steps_in(od.resume_from), s.steps)

@@ -168,9 +168,12 @@ from __future__ import annotations
 import functools
 import math
 import multiprocessing
+import os
 import re
 import signal
+import sys
 import threading
+import time
 from collections import deque
 from fractions import Fraction
 
@@ -2328,6 +2331,8 @@ def load_reward_function(path, name):
     spec = importlib.util.spec_from_file_location("rlvr_reward_function", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"{path} cannot be imported as a Python file")
+    # as `python path` would: the file's folder first on the import path, so a module beside it imports
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     fn = getattr(module, name, None)
@@ -2354,16 +2359,24 @@ def reward_value(value):
 def _worker_main(conn, score_fn, reward_function=None):
     # Ctrl-C in a terminal reaches the whole process group; the parent decides when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    user, load_error = None, None
-    if reward_function is not None:  # loaded once; a failure is reported by each call that needs it
-        try:
-            user = load_reward_function(*reward_function)
-        except BaseException as exc:
-            load_error = _failure(exc)
+    # The parent's stdout is its table (for reading and for parsers): what a reward function prints goes to stderr.
+    os.dup2(2, 1)
+    _die_with_parent(os.getppid())
     try:
         conn.send(("ready", None))
     except Exception:
         return
+    user = None
+    if reward_function is not None:  # loaded once, within the parent's time limit (_start waits for "loaded")
+        try:
+            user = load_reward_function(*reward_function)
+            conn.send(("loaded", None))
+        except BaseException as exc:
+            try:
+                conn.send(("loaded", _failure(exc)))
+            except Exception:
+                pass
+            return
     while True:
         try:
             msg = conn.recv()
@@ -2374,8 +2387,6 @@ def _worker_main(conn, score_fn, reward_function=None):
         try:
             out = score_fn(msg[0], msg[1])
             if len(msg) > 2:  # with a record: the user's reward function too, within the same time limit
-                if user is None:
-                    raise _NotLoaded(load_error)
                 out = (*out, reward_value(user(msg[0], msg[1], msg[2])))
             conn.send(("ok", out))
         except BaseException as exc:  # report any failure of score_fn as a crash
@@ -2385,14 +2396,24 @@ def _worker_main(conn, score_fn, reward_function=None):
                 return
 
 
-class _NotLoaded(Exception):
-    """The reward function did not load; it carries the reason."""
+def _die_with_parent(parent_pid):
+    """A worker whose parent is gone (SIGKILL: no chance to stop it) exits, even while a reward function hangs:
+    a daemon thread polls the parent's pid (the GIL lets it run beside any Python loop)."""
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="rlvr-parent-watch").start()
+
+
+class RewardFunctionError(Exception):
+    """The reward function could not be loaded in the worker (raised by TimedVerifier's start): one line."""
 
 
 def _failure(exc):
-    """One line: the exception's type and the first line of its text (_NotLoaded: the load's reason)."""
+    """One line: the exception's type and the first line of its text."""
     text = str(exc).splitlines()[0][:300] if str(exc) else ""
-    return text if isinstance(exc, _NotLoaded) else f"{type(exc).__name__}: {text}".rstrip(": ")
+    return f"{type(exc).__name__}: {text}".rstrip(": ")
 
 
 class TimedVerifier:
@@ -2401,12 +2422,15 @@ class TimedVerifier:
     (0.0, None, "timeout") and a new worker is started on the next call. A worker that dies or
     whose score_fn raises gives (0.0, None, "crash"). ``score_fn`` must be a picklable
     module-level callable. Counters: n_calls, n_timeouts, n_crashes, n_starts; last_error: the last
-    crash's reason (one line).
+    crash's or timeout's reason (one line). The worker's stdout is this process's stderr, and it exits
+    when this process dies.
 
     ``reward_function``: (path, name) of a user's reward function, loaded once in the worker (never in
     this process); ``score(response, gold, record)`` with a record also calls name(response, gold,
     record) under the same time limit and returns its number as a fourth item. A hang, an exception, a
-    result that is not a finite number: (0.0, None, "timeout" / "crash"), counted, as for the verifier."""
+    result that is not a finite number: (0.0, None, "timeout" / "crash"), counted, as for the verifier.
+    The file is imported when the worker starts, within timeout_s too: an import that raises, hangs or
+    exits makes the start raise RewardFunctionError (one line), and a score() that had to start one a crash."""
 
     def __init__(self, timeout_s: float = 2.0, score_fn=score, startup_timeout_s: float = 120.0,
                  reward_function: tuple[str, str] | None = None):
@@ -2436,11 +2460,28 @@ class TimedVerifier:
                 raise RuntimeError("verifier worker did not start")
             if parent.recv() != ("ready", None):
                 raise RuntimeError("verifier worker sent an unexpected message")
+            if self.reward_function is not None:
+                self._wait_loaded(parent)
         except BaseException:
             self._proc, self._conn = proc, parent
             self._stop()
             raise
         self._proc, self._conn = proc, parent
+
+    def _wait_loaded(self, conn):
+        """The reward function's file imported and its function found within timeout_s, else RewardFunctionError:
+        an exception, a hang or an exit (os._exit, a crash) at import is one line, not a stuck start."""
+        path = self.reward_function[0]
+        if not conn.poll(self.timeout_s):
+            raise RewardFunctionError(f"{path} did not finish importing within {self.timeout_s:g} s (the verifier's "
+                                      "time limit; work done at module level counts)")
+        try:
+            kind, error = conn.recv()
+        except (EOFError, OSError):
+            raise RewardFunctionError(f"the worker exited while importing {path} (an exit or a crash at module "
+                                      "level)") from None
+        if error is not None:
+            raise RewardFunctionError(error)
 
     def _stop(self):
         proc, conn = self._proc, self._conn
@@ -2467,13 +2508,15 @@ class TimedVerifier:
                         self._stop()
                     self._start()
                 self._conn.send((response, gold, record) if user else (response, gold))
-            except Exception:
+            except Exception as exc:
                 self._stop()
                 self.n_crashes += 1
+                self.last_error = str(exc) if isinstance(exc, RewardFunctionError) else _failure(exc)
                 return (0.0, None, "crash")
             if not self._conn.poll(self.timeout_s):
                 self._stop()
                 self.n_timeouts += 1
+                self.last_error = f"no result within {self.timeout_s:g} s"
                 return (0.0, None, "timeout")
             try:
                 kind, out = self._conn.recv()

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import train_rlvr as T
-from run_helpers import copy_run, first_rollout_wins, main_args, make_finished_run, run_args, table_rows
+from run_helpers import copy_run, first_rollout_wins, main_args, make_finished_run, run_args, table_rows, verdict
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def _first_rollout_wins_no_worker(monkeypatch):
     """first_rollout_wins without starting the verifier's worker process (nothing is scored)."""
     monkeypatch.setattr(T.verifier, "TimedVerifier", _NoWorker)
     monkeypatch.setattr(T, "score_rollouts",
-                        lambda scorer, texts, gold: [(float(i == 0), None, "wrong") for i in range(len(texts))])
+                        lambda scorer, texts, gold: [verdict(i == 0) for i in range(len(texts))])
 
 
 def _metrics(out):

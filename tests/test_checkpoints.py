@@ -17,6 +17,7 @@ import train_rlvr as T
 import verifier
 import verifier_hostile_helpers
 from conftest import ROOT
+from run_helpers import verdict
 
 DRIVER = ROOT / "tests" / "rlvr_driver.py"
 STEPS = 5
@@ -129,7 +130,7 @@ def test_one_signal_in_a_checkpoint_write_finishes_it_then_stops(tiny_model_dir,
 
 def _first_rollout_wins(monkeypatch):
     monkeypatch.setattr(T, "score_rollouts",
-                        lambda scorer, texts, gold: [(float(i == 0), None, "wrong") for i in range(len(texts))])
+                        lambda scorer, texts, gold: [verdict(i == 0) for i in range(len(texts))])
 
 
 def _on_call(monkeypatch, name, at_call, action):

@@ -6,6 +6,13 @@ local stand-ins in each set's exact schema, written here; nothing is downloaded.
 import contextlib
 import io
 import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -228,6 +235,20 @@ def text(response, answer, record):
 
 def one_argument(response):
     return 1.0
+
+def huge(response, answer, record):
+    return 1e39 if answer in response else 0.0
+
+def nan_on_none(response, answer, record):
+    return float("nan") if response == "none" else 1.0 if answer in response else 0.0
+
+calls = [0]
+
+def fails_after_trial(response, answer, record):
+    calls[0] += 1
+    if calls[0] > 1:
+        raise KeyError("later")
+    return 1.0
 """
 
 
@@ -250,13 +271,16 @@ def test_a_reward_function_with_weights_gives_its_worked_rewards(tmp_path, scrip
     # "1,2" gives 1 + 2 * 0.5 = 2.0 and 0 + 2 * 0.25 = 0.5; mean 0.875, sample std 0.75,
     # A_0 = 1.125 / (0.75 + 1e-4) = 1.49980, the others -0.375 / 0.7501 = -0.49993
     scripted.extend(["1", "7"])
-    code, _, err = run(math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:worked",
-                                "reward_weights=1,2"))
+    code, out, err = run(math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:worked",
+                                  "reward_weights=1,2"))
     assert code == 0, err
     rollouts = read_lines(tmp_path / "out" / "rollouts.jsonl")
     assert [r["reward"] for r in rollouts] == [2.0, 0.5, 0.5, 0.5] * 2
     assert [r["status"] for r in rollouts] == ["correct", "wrong", "no_answer", "no_answer"] * 2  # the verifier's
     assert [r["advantage"] for r in rollouts[:4]] == pytest.approx([1.49980, -0.49993, -0.49993, -0.49993], abs=1e-5)
+    # correct/4 counts the verifier's verdicts (rollout 0's), whatever the weighed reward (2.0) is
+    assert [m["correct"] for m in read_lines(tmp_path / "out" / "metrics.jsonl")] == [1, 1]
+    assert "correct rollouts        2/8 (mean reward 0.2500)" in out
     # without weights: the function alone
     scripted.extend(["1", "7"])
     code, _, err = run(math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:worked"))
@@ -264,19 +288,69 @@ def test_a_reward_function_with_weights_gives_its_worked_rewards(tmp_path, scrip
     assert [r["reward"] for r in read_lines(tmp_path / "out" / "rollouts.jsonl")] == [0.5, 0.25, 0.25, 0.25] * 2
 
 
-@pytest.mark.parametrize("name, status, counted", [("hangs_on_none", "timeout", "verifier_timeouts"),
-                                                   ("raises_on_none", "crash", "verifier_crashes")])
-def test_a_hang_or_failure_during_the_run_scores_0_and_is_counted(name, status, counted, tmp_path, scripted,
+@pytest.mark.parametrize("name, status, counted, why", [
+    ("hangs_on_none", "timeout", "verifier_timeouts", "no result within 0.5 s"),
+    ("raises_on_none", "crash", "verifier_crashes", "KeyError: 'none'"),
+    ("nan_on_none", "crash", "verifier_crashes", "ValueError: it returned nan, not a finite number"),
+])
+def test_a_hang_or_failure_during_the_run_scores_0_and_is_counted(name, status, counted, why, tmp_path, scripted,
                                                                   tiny_model_dir, rewards_file):
+    """The failure's reason is said once a run (stderr) and kept with each failed rollout; a NaN is a failure
+    (reward 0), never a NaN advantage."""
     scripted.extend(["1", "7"])
     code, _, err = run(math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:{name}",
                                 "verifier_timeout=0.5"))
     assert code == 0, err
     rollouts = read_lines(tmp_path / "out" / "rollouts.jsonl")
+    right = 1.0 if name == "nan_on_none" else 0.0  # nan_on_none gives the reference's box 1, the others 0
     assert [(r["reward"], r["status"]) for r in rollouts] == [
-        (0.0, "correct"), (0.0, "wrong"), (1.0, "no_answer"), (0.0, status)] * 2
+        (right, "correct"), (0.0, "wrong"), (1.0 - right, "no_answer"), (0.0, status)] * 2
+    assert [r.get("error") for r in rollouts] == [None, None, None, why] * 2
+    assert all(math.isfinite(r["advantage"]) for r in rollouts)
     metrics = read_lines(tmp_path / "out" / "metrics.jsonl")
     assert [m[counted] for m in metrics] == [1, 1]
+    said = [line for line in err.splitlines() if "failed on rollout" in line]
+    assert said == [f"warning: step 1: reward_function {rewards_file}:{name} failed on rollout 3: {why} (scored 0; "
+                    "said once a run, each failure is counted: metrics.jsonl's verifier_crashes and "
+                    "verifier_timeouts, the summary's verifier overruns, rollouts.jsonl's error)"]
+
+
+def test_a_reward_function_that_fails_on_every_rollout_of_a_step_stops_the_run(tmp_path, capsys, scripted,
+                                                                                tiny_model_dir, rewards_file):
+    """It passed the trial call and raises on every rollout after: with bad_records stop the run stops at step 1
+    with the error's text, exit 2; with skip it trains on (every reward 0) and says so at each such step."""
+    scripted.extend(["1", "7"])
+    args = math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:fails_after_trial")
+    assert T.main(args) == 2
+    err = capsys.readouterr().err
+    assert (f"step 1: reward_function {rewards_file}:fails_after_trial failed on all 4 rollouts (the first: "
+            "KeyError: 'later'); fix it, or set bad_records: skip to train on with their rewards 0; no step "
+            "completed. To continue:") in err
+    assert "Traceback" not in err and read_lines(tmp_path / "out" / "metrics.jsonl") == []
+    scripted[:] = ["1", "7"]
+    code, _, err = run([*args, "bad_records=skip"])
+    assert code == 0, err
+    assert [r["error"] for r in read_lines(tmp_path / "out" / "rollouts.jsonl")] == ["KeyError: 'later'"] * 8
+    assert err.count("failed on rollout 0: KeyError: 'later'") == 1
+    assert err.count("failed on all 4 rollouts (bad_records: skip): their rewards are 0") == 2
+
+
+@pytest.mark.parametrize("name, weights, value, source", [
+    ("huge", "", "1e+39", "reward_function {file}:huge"),
+    ("worked", "1e300,1", "1e+300", "reward_function {file}:worked with reward_weights '1e300,1'"),
+])
+def test_a_reward_too_large_for_float32_stops_the_run_naming_it(name, weights, value, source, tmp_path, capsys,
+                                                                scripted, tiny_model_dir, rewards_file):
+    """1e39 (finite, so the trial call takes it) becomes inf in the group's float32 rewards, and 1e300 * the
+    verifier's 1: no inf or nan row, and no blame on the learning rate: the step stops, exit 2."""
+    scripted.extend(["1", "7"])
+    args = math_run(tmp_path, tiny_model_dir, f"reward_function={rewards_file}:{name}", f"reward_weights={weights}")
+    assert T.main(args) == 2
+    out, err = capsys.readouterr()
+    assert (f"step 1: rollout 0's reward {value} ({source.format(file=rewards_file)}) is too large for the "
+            "group's float32 mean and sample std") in err
+    assert "inf" not in out and "nan" not in out and "Traceback" not in err
+    assert read_lines(tmp_path / "out" / "metrics.jsonl") == []
 
 
 @pytest.mark.parametrize("name, why", [
@@ -303,6 +377,8 @@ def test_a_reward_function_that_cannot_serve_is_one_line_before_step_1(name, why
     ("reward_function={file}:worked reward_weights=1", "'reward_weights' must be empty (the function alone) or two "
                                                       "finite numbers 'v,f'"),
     ("reward_function={file}:worked reward_weights=a,b", "'reward_weights' must be empty (the function alone)"),
+    ("reward_function={file}:worked reward_weights=0,0", "'reward_weights' must be empty (the function alone) or two "
+                                                        "finite numbers 'v,f', not both 0"),
     ("answer_format=json", "'answer_format' must be one of auto, plain, gsm8k, boxed, got 'json'"),
     ("eval_answer_format=hash", "'eval_answer_format' must be one of auto, plain, gsm8k, boxed"),
 ])
@@ -334,3 +410,85 @@ def test_each_preset_runs_two_steps_on_its_schema(preset, scripted, tmp_path, ti
     assert code == 0, err
     assert [r["reward"] for r in read_lines(tmp_path / "out" / "rollouts.jsonl")] == [1.0, 0.0, 0.0, 0.0] * 2
     assert [r["reference"] for r in read_lines(tmp_path / "out" / "eval.jsonl")] == evaluated * 2  # before, after
+
+
+@pytest.mark.parametrize("module, why", [
+    ("import os\nos._exit(0)\n", "the worker exited while importing {file} (an exit or a crash at module level)"),
+    ("while True:\n    pass\n", "{file} did not finish importing within 0.5 s (the verifier's time limit; work done "
+                                  "at module level counts)"),
+    ("import sys\nsys.exit(3)\n", "failed: SystemExit: 3 (importing it)"),
+])
+def test_a_reward_file_that_fails_while_it_is_imported_is_one_line(module, why, tmp_path, capsys, tiny_model_dir):
+    """An exit at module level, a loop there, a SystemExit: one line naming the file, exit 2, within the verifier's
+    limit (not the worker's 120 s start-up wait), before anything is written."""
+    path = tmp_path / "bad_rewards.py"
+    path.write_text(module + "def score(response, answer, record):\n    return 1.0\n")
+    began = time.perf_counter()
+    assert T.main(math_run(tmp_path, tiny_model_dir, f"reward_function={path}:score", "verifier_timeout=0.5")) == 2
+    assert time.perf_counter() - began < 60
+    one_line_error(capsys, f"reward_function {path}:score ", why.format(file=path),
+                   "it is called as name(response: str, answer: str, record: dict)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_reward_file_imports_a_module_beside_it_and_its_prints_go_to_stderr(tmp_path, capfd):
+    """As `python my_rewards.py` would, the file's folder is on the worker's import path; what the function
+    prints reaches stderr, never stdout (the step table's)."""
+    (tmp_path / "rlvr_test_bonus.py").write_text("BONUS = 0.75\n")
+    path = tmp_path / "rewards_beside.py"
+    path.write_text("import os\nfrom rlvr_test_bonus import BONUS\n\ndef score(response, answer, record):\n"
+                    "    print('printed by the reward')\n    os.write(1, b'written to fd 1\\n')\n    return BONUS\n")
+    with verifier.TimedVerifier(timeout_s=30.0, reward_function=(str(path), "score")) as scorer:
+        assert scorer.score("\\boxed{3}", "3", {}) == (1.0, "3", "correct", 0.75)
+    out, err = capfd.readouterr()
+    assert "printed by the reward" in err and "written to fd 1" in err
+    assert "printed by" not in out and "written to" not in out
+
+
+def test_the_worker_dies_with_its_parent_while_a_reward_function_hangs(tmp_path):
+    """The trainer SIGKILLed while its worker is inside a hanging reward function: the worker exits too."""
+    path = tmp_path / "hang.py"
+    path.write_text("import time\n\ndef score(response, answer, record):\n    while True:\n"
+                    "        time.sleep(0.01)\n")
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import verifier; "
+            "v = verifier.TimedVerifier(timeout_s=3600, reward_function=(sys.argv[2], 'score')); v.__enter__(); "
+            "print(v._proc.pid, flush=True); v.score('x', '1', {})")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(ROOT), str(path)], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    time.sleep(0.5)  # inside the function now
+    parent.kill()
+    parent.wait()
+    for _ in range(100):
+        if not _alive(worker):
+            break
+        time.sleep(0.1)
+    assert not _alive(worker)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_one_ctrl_c_stops_a_run_within_one_verifier_timeout_while_a_reward_function_hangs(tmp_path, capsys,
+                                                                                          tiny_model_dir):
+    """The function answers the trial call and hangs on every rollout: a SIGINT sent while it hangs stops the run
+    after that call's limit (3 s), not after the group's 4 calls (12 s and more); exit 130, nothing lost."""
+    path, hanging = tmp_path / "hang_later.py", tmp_path / "hanging"
+    path.write_text(f"import time\n\ndef score(response, answer, record):\n    if response == '\\\\boxed{{' + answer + "
+                    f"'}}':\n        return 1.0\n    open({str(hanging)!r}, 'w').close()\n    while True:\n"
+                    "        time.sleep(0.01)\n")
+    sent = {}
+
+    def interrupt():
+        while not hanging.exists():
+            time.sleep(0.05)
+        sent["at"] = time.perf_counter()
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    assert T.main(math_run(tmp_path, tiny_model_dir, f"reward_function={path}:score", "verifier_timeout=3")) == 130
+    assert time.perf_counter() - sent["at"] < 3 + 4
+    assert "stopped by SIGINT during step 1; no step completed" in capsys.readouterr().err

@@ -13,6 +13,7 @@ import yaml
 
 import train_rlvr as T
 from conftest import ROOT
+from run_helpers import verdict
 
 # ----------------------------------------------------------------------------------------------
 # Advantages: the spec's worked numbers
@@ -571,7 +572,7 @@ def _rewards_from_parity(monkeypatch):
     """The tiny random model never writes a right \\boxed answer; reward odd-length responses so
     that groups have reward variance and the gradient path runs end to end."""
     def fake_score(scorer, texts, gold):
-        return [(float(len(t) % 2 == 1), None, "wrong") for t in texts]
+        return [verdict(len(t) % 2 == 1) for t in texts]
     monkeypatch.setattr(T, "score_rollouts", fake_score)
 
 

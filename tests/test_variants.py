@@ -11,6 +11,7 @@ import yaml
 
 import train_rlvr as T
 from conftest import ROOT
+from run_helpers import verdict
 
 # ----------------------------------------------------------------------------------------------
 # advantage_std
@@ -561,7 +562,7 @@ def test_run_candidates_leave_a_problem_for_every_step_to_come():
 def _scores_by_problem(flat_golds):
     """Rollout 0 right, except for the problems whose answer is in flat_golds: all wrong."""
     def score(scorer, texts, gold):
-        return [(1.0 if i == 0 and gold not in flat_golds else 0.0, None, "wrong") for i in range(len(texts))]
+        return [verdict(i == 0 and gold not in flat_golds) for i in range(len(texts))]
     return score
 
 

@@ -12,6 +12,7 @@ import pytest
 
 import train_rlvr as T
 from conftest import ROOT
+from run_helpers import verdict
 
 tensorboard = pytest.importorskip("tensorboard", reason="requirements-test.txt installs tensorboard")
 matplotlib = pytest.importorskip("matplotlib", reason="requirements-test.txt installs matplotlib")
@@ -28,8 +29,7 @@ def _args(model_dir, data, out, *extra):
 
 def _parity_rewards(monkeypatch):
     """Odd-length responses score 1: groups with reward variance, so the steps train."""
-    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
-        (float(len(t) % 2 == 1), None, "wrong") for t in texts])
+    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [verdict(len(t) % 2 == 1) for t in texts])
     monkeypatch.setattr(T, "score_responses", lambda scorer, texts, golds: [
         (float(len(t) % 2 == 1), None, "wrong") for t in texts])
 
