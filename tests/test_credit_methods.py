@@ -44,7 +44,8 @@ def test_a_missing_model_folder_is_exit_2_and_the_summary_needs_none(tmp_path, m
     assert one_line_error(capsys) == (f"error: {model} has no sum3-train.json; run python examples/make_smollm2.py "
                                       f"{model} (--problems-only --task sum3 for the sum3 task)")
     out.mkdir()  # --add-sampled: the finished runs there, the model's --on set not
-    (out / "results.json").write_text(json.dumps(json.loads((ROOT / "benchmarks/credit_methods.json").read_text())[:1]))
+    grid = json.loads((ROOT / "benchmarks" / "credit_methods.json").read_text())
+    (out / "results.json").write_text(json.dumps(grid[:1]))
     with pytest.raises(SystemExit) as e:
         _main(monkeypatch, "--model", str(model), "--out", str(out), "--add-sampled", "--on", "heldout")
     assert e.value.code == 2
