@@ -237,6 +237,33 @@ def tree_siblings(folder: Path, tokenizer) -> str | None:
             f"segment: {', '.join(str(by_segment.get(k, 0)) for k in range(len(levels)))}")
 
 
+def fail(message: str):
+    """A user's mistake: one line on stderr and exit status 2, no traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_inputs(args, model: Path, out: Path) -> None:
+    """What each mode reads, there before it starts: --summary and --add-sampled --out's results.json, --pictures and
+    --siblings --out's run folders and the model's tokenizer; training each task's training set, --add-sampled its
+    --on set (the model folder's problem files, examples/make_smollm2.py's)."""
+    if (args.summary or args.add_sampled) and not (out / "results.json").is_file():
+        fail(f"{out} holds no results.json (no finished run of this script there); pass --out the folder a run of "
+             "this script wrote (runs/credit by default)")
+    if (args.pictures or args.siblings) and not out.is_dir():
+        fail(f"{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)")
+    if (args.pictures or args.siblings) and not model.is_dir():
+        fail(f"{model} does not exist; pass --model the model folder the runs trained (runs/smollm2 by default, "
+             f"written by python examples/make_smollm2.py {args.model})")
+    if args.summary or args.pictures or args.siblings:
+        return
+    split = args.on if args.add_sampled else "train"
+    missing = [name for name in (TASKS[t][1] + split + ".json" for t in args.tasks) if not (model / name).is_file()]
+    if missing:
+        fail(f"{model} has no {missing[0]}; run python examples/make_smollm2.py {args.model} (--problems-only "
+             "--task sum3 for the sum3 task)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="runs/smollm2")
@@ -259,10 +286,7 @@ def main() -> int:
                     "--out/results.json that lack it (those of --tasks, --methods, --seeds, --on), and stop")
     args = ap.parse_args()
     model, out = Path(args.model).resolve(), Path(args.out).resolve()
-    missing = [TASKS[t][1] + "train.json" for t in args.tasks if not (model / (TASKS[t][1] + "train.json")).is_file()]
-    if missing:
-        sys.exit(f"error: {model} has no {missing[0]}; run python examples/make_smollm2.py {args.model} (--problems-only "
-                 "--task sum3 for the sum3 task)")
+    check_inputs(args, model, out)
     if args.summary:
         results = json.loads((out / "results.json").read_text())
         print(table(sorted(results, key=run_order)))

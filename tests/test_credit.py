@@ -40,6 +40,8 @@ def test_segments_end_at_the_last_line_or_sentence_end_within_the_limit():
     assert T.segment_end(["3", ".", "5", " x"], 0, 4, whole=False) == 4  # "3.5": no white space after the "."
     assert T.segment_end(["a", ".", " b", "c", "d"], 0, 4, whole=False) == 2
     assert T.segment_end(["a", "b"], 0, 8) == 2
+    # two line ends within the limit: the cut is after the last of them (token 3), not the first (token 1)
+    assert T.segment_starts(["a", "\n", "b", "\n", "c", "d"], 4) == [0, 4]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -75,6 +77,19 @@ def test_a_hand_built_tree_gives_its_node_values_and_trains_a_shared_token_once(
     assert sum(x for w in credit.weights for x in w.tolist()) == pytest.approx(3 * a + 2 * b - 3 * b - 2 * a)
 
 
+def test_a_hand_built_trees_token_advantages_without_the_std_are_the_changes_of_value():
+    """advantage_std=none (Dr. GRPO): the same tree, rewards 1, 0, 0, 0, and the changes of value as they are:
+    node (0,) 0.5 - 0.25 = +0.25, leaf 0's own segment 1 - 0.5 = +0.5, leaf 1's 0 - 0.5 = -0.5, node (1,)
+    0 - 0.25 = -0.25 (not 0.4999 / 0.9998, which divide by the group's std 0.5 + 1e-4)."""
+    t = _trainer(group_size=4, credit="tree", tree_branching="2,2", advantage_std="none")
+    tree = _tree()
+    group = _group([1.0, 0.0, 0.0, 0.0], [5, 6, 2, 2], tree)
+    adv = T.compute_advantages(group.rewards, 1e-4, "none", zero_variance=False)
+    credit = T.assign_credit(1, torch.tensor([1, 2]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    assert credit.token_advantages == [[0.25, 0.25, 0.25, 0.5, 0.5], [0, 0, 0, -0.5, -0.5, -0.5], [-0.25, -0.25],
+                                       [0, 0]]
+
+
 def test_a_tree_whose_responses_end_before_its_last_level_says_how_many_are_copies(capsys):
     """_tree's node (1,) ended at EOS in the first level: leaves 2 and 3 are one response, 3 distinct of 4, said
     once a run; a tree whose every leaf reaches the last level says nothing."""
@@ -108,6 +123,26 @@ def test_the_tree_is_sampled_level_by_level_with_a_stream_per_node(tiny_model):
     assert T.generate_tree(model, tok, prompt, cfg, -1, 2, T.nullcontext()) != tree  # another draw
 
 
+def test_a_first_level_node_is_cut_at_its_line_end_and_the_dropped_token_is_counted(monkeypatch):
+    """A scripted 2,2 tree (credit_segment_tokens 3, max_new_tokens 8): each first-level node samples <7> "\n" <8>
+    and is cut after the line end (segments [0, 2]), the <8> dropped; each leaf then runs to the limit, 8 - 2 = 6
+    tokens, no EOS. Generated: 2 nodes x 3 tokens (the dropped one counted) + 4 leaves x 6 = 30."""
+    cfg = T.Config(group_size=4, credit="tree", tree_branching="2,2", credit_segment_tokens=3, max_new_tokens=8,
+                   device="cpu")
+    tok = SimpleNamespace(decode=lambda ids, **kw: "".join("\n" if i == 1 else f"<{i}>" for i in ids))
+    calls = []
+
+    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False):
+        calls.append(([p.tolist() for p in prompts], max_new))
+        first = len(prompts[0]) == 2
+        return [torch.tensor([7, 1, 8] if first else [9] * max_new) for _ in prompts], [False] * len(prompts)
+    monkeypatch.setattr(T, "decode", decode)
+    tree = T.generate_tree(None, tok, torch.tensor([5, 17]), cfg, 0, 1, T.nullcontext())
+    assert calls == [([[5, 17]] * 2, 3), ([[5, 17, 7, 1]] * 4, 6)]
+    assert tree.leaves == [[7, 1, 9, 9, 9, 9, 9, 9]] * 4 and tree.cut == [True] * 4
+    assert tree.segments == [[0, 2]] * 4 and tree.generated == 30
+
+
 # ----------------------------------------------------------------------------------------------
 # Monte Carlo: values from continuations
 
@@ -138,6 +173,12 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
     monkeypatch.setattr(T, "continuation_values", lambda *a: ([[0.5, 1.0], []], 0))  # the first segment: no change
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
     assert credit.token_advantages[0][:2] == [0.0, 0.0]
+    # advantage_std=none: the changes of value themselves, -0.25, +0.5, +0.25, and response 1's -0.5 (its A_i)
+    t.cfg.advantage_std = "none"
+    monkeypatch.setattr(T, "continuation_values", lambda *a: ([[0.25, 0.75], []], 0))
+    adv = T.compute_advantages(group.rewards, 1e-4, "none", zero_variance=False)
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    assert credit.token_advantages == [[-0.25, -0.25, 0.5, 0.5, 0.25], [-0.5, -0.5]]
 
 
 def test_continuation_values_average_the_scored_continuations_of_each_cut(monkeypatch):
@@ -161,6 +202,39 @@ def test_continuation_values_average_the_scored_continuations_of_each_cut(monkey
     assert seeds == [("continuation", 3, 1, 1, 0), ("continuation", 3, 1, 1, 1), ("continuation", 3, 1, 2, 0),
                      ("continuation", 3, 1, 2, 1)]
     assert values == [[0.5, 1.0]] and sampled == 8  # every sample scores 1 but <30>, the first cut's first
+
+
+class _Scorer:
+    """A stand-in for the verifier's worker: score(text, gold, record) as TimedVerifier's, the record seen kept;
+    `scored` is the tuple it returns (with a reward_function: verifier reward, answer, status, function value)."""
+    def __init__(self, scored):
+        self.scored, self.records = scored, []
+
+    def score(self, text, gold, record=None):
+        self.records.append(record)
+        return self.scored
+
+
+def test_continuation_values_score_with_the_format_bonus_and_the_reward_function(monkeypatch):
+    """The real score_rollouts scores the continuations. Every one is right (reward 1); with format_reward 0.5 the
+    first cut's (4 tokens of room, none ends at EOS) earn no bonus: 1.0, the second cut's (ending at EOS) 1.5.
+    With a reward_function (reward_weights 1,0.25; the verifier says wrong, 0, the function 1) every
+    continuation scores 1 * 0 + 0.25 * 1 = 0.25, the function seeing the problem's record."""
+    t = _trainer(group_size=2, credit="monte_carlo", credit_samples=2, max_new_tokens=6, format_reward=0.5)
+    t.model = torch.nn.Linear(1, 1)
+    t.scorer = _Scorer((1.0, "1", "correct"))
+
+    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False):  # room 4 after [5, 6], 2 after 4
+        return [torch.tensor([40, 41, 42, 43] if len(p) == 3 else [50, 0]) for p in prompts], [False] * len(prompts)
+    monkeypatch.setattr(T, "decode", decode)
+    args = (1, torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])], [[0, 2, 4]], 3, "1", range(1, 2))
+    assert T.continuation_values(*args, t) == ([[1.0, 1.5]], 12)
+    t = _trainer(group_size=2, credit="monte_carlo", credit_samples=2, max_new_tokens=6,
+                 reward_function="reward.py:score", reward_weights="1,0.25")
+    t.model = torch.nn.Linear(1, 1)
+    t.scorer = _Scorer((0.0, "1", "wrong", 1.0))
+    assert T.continuation_values(*args, t, record={"id": 7}) == ([[0.25, 0.25]], 12)
+    assert t.scorer.records == [{"id": 7}] * 4
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,6 +284,20 @@ def test_token_entropies_of_a_hand_made_distribution():
             return SimpleNamespace(logits=logits)
     got = T.token_entropies(Fixed(), torch.tensor([1, 2]), torch.tensor([3, 4, 0]), T.nullcontext())
     assert got.tolist() == pytest.approx([math.log(2), 0.0, math.log(4)], abs=1e-6)
+
+
+def test_token_entropies_are_read_at_the_position_that_predicts_each_response_token():
+    """A model whose distribution at a position holding token id is uniform over id + 1 tokens (entropy ln(id + 1)):
+    prompt [1, 2], response [3, 4, 0] is predicted from the positions holding 2, 3, 4 (the prompt's last token and
+    the response but its last): ln 3, ln 4, ln 5."""
+    class Uniform(torch.nn.Module):
+        def forward(self, ids, use_cache=False, logits_to_keep=0):
+            logits = torch.full((1, ids.shape[1], 8), -1e9)
+            for k, i in enumerate(ids[0].tolist()):
+                logits[0, k, :i + 1] = 0.0
+            return SimpleNamespace(logits=logits[:, -logits_to_keep:])
+    got = T.token_entropies(Uniform(), torch.tensor([1, 2]), torch.tensor([3, 4, 0]), T.nullcontext())
+    assert got.tolist() == pytest.approx([1.0986123, 1.3862944, 1.6094379], abs=1e-6)
 
 
 def test_a_zero_variance_group_keeps_every_advantage_zero_and_samples_no_continuation(monkeypatch):
