@@ -101,8 +101,54 @@ def test_a_tree_whose_responses_end_before_its_last_level_says_how_many_are_copi
     T.warn_tree_copies(2, _tree(), t)
     T.warn_tree_copies(3, _tree(), t)
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("warning: step 2: credit=tree: the group holds 3 distinct responses of 4")
-    assert "(2 levels of at most credit_segment_tokens=3 tokens)" in err[0]
+    assert err == ["warning: step 2: credit=tree: the group holds 3 distinct responses of 4: of the responses that "
+                   "ended before the tree's last level (2 levels of at most credit_segment_tokens=3 tokens), whose "
+                   "copies fill the other leaves, 1 ended with EOS after at most 2 tokens (lower "
+                   "credit_segment_tokens, use fewer levels, or credit=sequence) (said once a run)"]
+
+
+def test_the_tree_copies_warning_names_max_new_tokens_where_the_responses_reached_it(capsys):
+    """Segments of 1 token and max_new_tokens 2 in a 2,2,2 tree: every leaf is cut at the limit after the second
+    level, 4 distinct of 8; the cause is max_new_tokens (lowering credit_segment_tokens cannot help at 1)."""
+    t = _trainer(group_size=8, credit="tree", tree_branching="2,2,2", credit_segment_tokens=1, max_new_tokens=2)
+    t.warned = set()
+    leaves = [[5, 6], [5, 6], [5, 7], [5, 7], [4, 6], [4, 6], [4, 8], [4, 8]]
+    T.warn_tree_copies(1, T.Tree(leaves, [True] * 8, [[0, 1]] * 8, 6), t)
+    err = capsys.readouterr().err
+    assert "the group holds 4 distinct responses of 8" in err
+    assert ("whose copies fill the other leaves, 4 reached max_new_tokens=2 (raise max_new_tokens, or use fewer "
+            "levels) (said once a run)") in err
+    assert "credit_segment_tokens," not in err
+
+
+def test_a_setting_its_method_ignores_is_said_once(capsys):
+    """tree_branching without credit=tree, credit_samples with the tree, resample_limit without resampling, the
+    clip with one epoch: each changed from its default where it does nothing is a warning; at its default,
+    nothing is said."""
+    config = ["--config", str(ROOT / "config.yaml")]
+    T.load_config([*config, "tree_branching=3,3", "credit_samples=9", "resample_limit=4", "clip_eps=0.3"])
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: tree_branching=3,3 is ignored: it acts only with credit=tree",
+        "warning: credit_samples=9 is ignored: it acts only with credit=monte_carlo",
+        "warning: resample_limit=4 is ignored: it acts only with zero_variance=resample",
+        "warning: clip_eps=0.3 is ignored: it acts only with ppo_epochs > 1 (one epoch's ratio is 1)"]
+    T.load_config([*config, "credit=tree", "credit_samples=9", "credit_segment_tokens=4"])
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: credit_samples=9 is ignored: it acts only with credit=monte_carlo"]
+    T.load_config([*config, "credit=monte_carlo", "credit_samples=9", "ppo_epochs=2", "clip_eps=0.3"])
+    assert capsys.readouterr().err == ""
+
+
+def test_a_value_yaml_reads_as_base_60_is_quoted_as_written(tmp_path, capsys):
+    """YAML 1.1 reads 4:2 as 242: on the command line and in a file, the message quotes '4:2'."""
+    config = ["--config", str(ROOT / "config.yaml")]
+    assert T.main([*config, "credit=tree", "tree_branching=4:2"]) == 2
+    one_line_error(capsys, "config key 'tree_branching' must be integers >= 2 separated by commas whose product is "
+                           "group_size 8 (e.g. 2,2,2 for 8), got '4:2'")
+    path = tmp_path / "c.yaml"
+    path.write_text("credit: tree\ntree_branching: 4:2\ngroup_size: 1:20\n")
+    assert T.main(["--config", str(path)]) == 2
+    one_line_error(capsys, "config key 'group_size' must be int, got '1:20'")
 
 
 def test_the_tree_is_sampled_level_by_level_with_a_stream_per_node(tiny_model):
