@@ -189,8 +189,12 @@ def test_changed_math_setting_is_refused_and_harmless_one_accepted(tiny_model_di
     assert [l.split()[0] for l in stdout.splitlines() if l[:1].isdigit()] == ["1", "2", "3"]
 
 
-# A value other than the checkpoint run's for each setting, valid on its own beside the run's other settings.
-# A new setting that is neither here nor in RESUME_MAY_DIFFER fails the test below: give it a value here.
+# The settings that change no number of the steps a checkpoint has taken: a resume may change them. The test's
+# own list, not T.RESUME_MAY_DIFFER: a setting moved there by mistake is still tried below, and refused.
+MAY_DIFFER = {"output_dir", "save_every", "keep_last", "resume", "overwrite", "verifier_timeout", "num_problems",
+              "max_bad_steps", "eval_batch_size", "sharding", "dist_timeout", "report_to"}
+# A value other than the checkpoint run's for each other setting, valid beside the run's other settings.
+# A new setting that is in neither fails the test below: give it a value here.
 OTHER_VALUE = {
     "model": "someorg/another-model", "revision": "main", "dataset": "someorg/another-set", "dataset_split": "test",
     "problem_field": "question", "answer_field": "solution", "dataset_config": "main", "answer_format": "plain",
@@ -220,12 +224,13 @@ def one_step_run(tiny_model_dir, tiny_data_file, tmp_path_factory):
     return args, rewards
 
 
-@pytest.mark.parametrize("key", [f.name for f in dataclasses.fields(T.Config) if f.name not in T.RESUME_MAY_DIFFER])
+@pytest.mark.parametrize("key", [f.name for f in dataclasses.fields(T.Config) if f.name not in MAY_DIFFER])
 def test_a_resume_that_changes_any_setting_outside_resume_may_differ_is_refused(key, one_step_run, capsys,
                                                                                 monkeypatch):
     args, rewards = one_step_run
     if key not in OTHER_VALUE:
-        pytest.fail(f"new setting {key}: add it to RESUME_MAY_DIFFER or give it a value in OTHER_VALUE")
+        pytest.fail(f"new setting {key}: add it to MAY_DIFFER (and RESUME_MAY_DIFFER) or give it a value in "
+                    "OTHER_VALUE")
     value = OTHER_VALUE[key]
     value = f"{rewards}:other" if key == "reward_function" else str(value).lower() if isinstance(value, bool) else value
     # device=cuda on a machine without one stops at resolve_device, before output_dir is looked at
@@ -236,6 +241,10 @@ def test_a_resume_that_changes_any_setting_outside_resume_may_differ_is_refused(
     line = one_line_error(capsys, "cannot resume")
     assert line == (f"error: cannot resume {out}/checkpoints/step-000001: these settings differ from the checkpoint's "
                     f"and change the math: {key}; set them back or start a new run in another output_dir")
+
+
+def test_resume_may_differ_is_the_tests_list():
+    assert T.RESUME_MAY_DIFFER == MAY_DIFFER  # a setting moved in or out: say here why it changes no step
 
 
 def test_existing_output_dir_without_resume_is_refused(tiny_model_dir, tiny_data_file, tmp_path, capsys):
