@@ -1749,8 +1749,11 @@ def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str
 # segment) - V(start), a value being a mean reward: V at the response's start the group's mean, at its end its
 # own reward, in between the mean reward of credit_samples continuations sampled from that cut (monte_carlo) or
 # of the tree's leaves under that node (tree). With advantage_std=group the changes are divided by the group's
-# std + std_eps like the spec's A_i: a response's segment advantages then add up to its A_i exactly (the values
-# telescope), so a segment that did not change the value gets 0 and the response's total is the spec's.
+# std + std_eps like the spec's A_i: the changes along a response then add up to its A_i exactly (the values
+# telescope), so a segment that did not change the value gets 0 and the response's total is the spec's. In a tree
+# a node shared by several leaves is trained by the first leaf under it alone (tree_values), its tokens 0 in the
+# others: a leaf's token advantages add up to its change of value from the deepest node it shares with an earlier
+# leaf to its end (divided the same way), its A_i only where that node is the root (rollouts 0 and 4 of 2,2,2).
 # top_entropy_quantile keeps the policy term on the group's highest-entropy tokens only (TRL's, 2506.01939).
 
 @dataclass

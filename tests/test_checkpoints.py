@@ -1,6 +1,7 @@
 """Never lose a step: checkpoints, exact resume after SIGKILL, SIGINT/SIGTERM, bad numbers,
 hostile verifiers, out-of-memory and bad records. CPU, tiny local model."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -17,7 +18,7 @@ import train_rlvr as T
 import verifier
 import verifier_hostile_helpers
 from conftest import ROOT
-from run_helpers import verdict
+from run_helpers import one_line_error, verdict
 
 DRIVER = ROOT / "tests" / "rlvr_driver.py"
 STEPS = 5
@@ -186,6 +187,64 @@ def test_changed_math_setting_is_refused_and_harmless_one_accepted(tiny_model_di
                                    "save_every=7", "verifier_timeout=5")) == 0
     stdout = capsys.readouterr().out
     assert [l.split()[0] for l in stdout.splitlines() if l[:1].isdigit()] == ["1", "2", "3"]
+
+
+# The settings that change no number of the steps a checkpoint has taken: a resume may change them. The test's
+# own list, not T.RESUME_MAY_DIFFER: a setting moved there by mistake is still tried below, and refused.
+MAY_DIFFER = {"output_dir", "save_every", "keep_last", "resume", "overwrite", "verifier_timeout", "num_problems",
+              "max_bad_steps", "eval_batch_size", "sharding", "dist_timeout", "report_to"}
+# A value other than the checkpoint run's for each other setting, valid beside the run's other settings.
+# A new setting that is in neither fails the test below: give it a value here.
+OTHER_VALUE = {
+    "model": "someorg/another-model", "revision": "main", "dataset": "someorg/another-set", "dataset_split": "test",
+    "problem_field": "question", "answer_field": "solution", "dataset_config": "main", "answer_format": "plain",
+    "start_index": 1, "prompt_template": "Solve {problem}", "group_size": 2, "temperature": 0.7, "top_p": 0.5,
+    "max_new_tokens": 7, "eos_token": "</s>", "learning_rate": 2e-3, "weight_decay": 0.1, "max_grad_norm": 2.0,
+    "std_eps": 1e-3, "advantage_std": "none", "loss_aggregation": "token_mean", "zero_variance": "skip",
+    "resample_limit": 4, "format_reward": 0.1, "reward_function": "REWARDS:other", "reward_weights": "1,0.5",
+    "kl_coef": 0.1, "ppo_epochs": 2, "clip_eps": 0.3, "clip_eps_high": 0.28, "mask_truncated_completions": True,
+    "credit": "monte_carlo", "credit_segment_tokens": 4, "credit_samples": 2, "tree_branching": "4",
+    "top_entropy_quantile": 0.5, "token_report": True, "seed": 1, "device": "cuda", "precision": "bf16",
+    "compile": "false", "logprob_batch_size": 2, "bad_records": "skip", "eval_dataset": "someorg/another-test",
+    "eval_split": "validation", "eval_dataset_config": "main", "eval_answer_format": "plain", "eval_problems": 2,
+    "eval_max_new_tokens": 8, "eval_samples": 2, "eval_temperature": 0.5, "eval_top_p": 0.5, "eval_every": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def one_step_run(tiny_model_dir, tiny_data_file, tmp_path_factory):
+    """A 1-step run with a checkpoint, and a reward_function (so reward_weights may be set alone)."""
+    folder = tmp_path_factory.mktemp("resume-keys")
+    rewards = folder / "rewards.py"
+    rewards.write_text("def score(response, answer, record):\n    return 0.0\n\n\n"
+                       "def other(response, answer, record):\n    return 1.0\n")
+    args = _args(tiny_model_dir, tiny_data_file, folder / "run", "num_problems=1", "save_every=1",
+                 f"reward_function={rewards}:score")
+    assert T.main(args) == 0
+    return args, rewards
+
+
+@pytest.mark.parametrize("key", [f.name for f in dataclasses.fields(T.Config) if f.name not in MAY_DIFFER])
+def test_a_resume_that_changes_any_setting_outside_resume_may_differ_is_refused(key, one_step_run, capsys,
+                                                                                monkeypatch):
+    args, rewards = one_step_run
+    if key not in OTHER_VALUE:
+        pytest.fail(f"new setting {key}: add it to MAY_DIFFER (and RESUME_MAY_DIFFER) or give it a value in "
+                    "OTHER_VALUE")
+    value = OTHER_VALUE[key]
+    value = f"{rewards}:other" if key == "reward_function" else str(value).lower() if isinstance(value, bool) else value
+    # device=cuda on a machine without one stops at resolve_device, before output_dir is looked at
+    monkeypatch.setattr(T, "resolve_device", lambda cfg: torch.device("cpu"))
+    out = next(a.split("=", 1)[1] for a in args if a.startswith("output_dir="))
+    capsys.readouterr()
+    assert T.main([*args, "resume=auto", f"{key}={value}"]) == 2
+    line = one_line_error(capsys, "cannot resume")
+    assert line == (f"error: cannot resume {out}/checkpoints/step-000001: these settings differ from the checkpoint's "
+                    f"and change the math: {key}; set them back or start a new run in another output_dir")
+
+
+def test_resume_may_differ_is_the_tests_list():
+    assert T.RESUME_MAY_DIFFER == MAY_DIFFER  # a setting moved in or out: say here why it changes no step
 
 
 def test_existing_output_dir_without_resume_is_refused(tiny_model_dir, tiny_data_file, tmp_path, capsys):

@@ -52,6 +52,7 @@ def test_reference_answer_reads_each_form():
     assert T.reference_answer("#### 1,000 \n", "gsm8k") == ("1,000", "gsm8k")
     assert T.reference_answer(MATH[0]["solution"], "boxed") == ("1", "boxed")  # the last box
     assert T.reference_answer(MATH[0]["solution"], "auto") == ("1", "boxed")
+    assert T.reference_answer("so the sum is $\\fbox{12}$.", "auto") == ("12", "boxed")  # \fbox is a box too
     assert T.reference_answer("\\frac{3}{4}", "auto") == ("\\frac{3}{4}", "plain")  # a short answer, as today
     assert T.reference_answer(72, "auto") == ("72", "plain")
     assert T.reference_answer(gsm, "plain") == (gsm, "plain")
@@ -202,6 +203,23 @@ def test_the_config_name_reaches_load_dataset(monkeypatch):
     assert [r["answer"] for r in records] == [GSM8K[0]["answer"], GSM8K[1]["answer"]]
     T.load_records("someorg/gsm8k-like", "test", fields, 0, 1, setting="eval_dataset")
     assert calls[-1] == ("someorg/gsm8k-like", None, "test")
+
+
+def test_the_eval_config_name_reaches_load_dataset(monkeypatch):
+    """examples/gsm8k.yaml evaluates on openai/gsm8k's `main`: without its name the hub refuses the set."""
+    import datasets
+
+    calls = []
+
+    def load_dataset(path, name=None, split=None, **kwargs):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_list(GSM8K)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    cfg = T.Config(eval_dataset="someorg/gsm8k-like", eval_split="test", eval_dataset_config="main",
+                   eval_problems=2, problem_field="question", answer_field="answer")
+    problems = T.load_eval_problems(cfg)
+    assert calls == [("someorg/gsm8k-like", "main", "test")]
+    assert [p["answer"] for p in problems] == [GSM8K[0]["answer"], GSM8K[1]["answer"]]
 
 
 # ----------------------------------------------------------------------------------------------

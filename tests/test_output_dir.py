@@ -240,6 +240,21 @@ def test_overwrite_leaves_nothing_of_the_earlier_runs_token_report(every_output_
     assert _top_files(out) == sorted([*T.LOG_FILES, T.RUN_CONFIG, "run.png"])
 
 
+def test_overwrite_leaves_nothing_of_the_earlier_runs_credit_picture(tmp_path, tiny_model_dir, tiny_data_file,
+                                                                    monkeypatch):
+    """credit.png comes only from a credit other than the spec's: a spec run over such a run writes none, so
+    overwrite=true must remove the earlier one, or the folder shows another run's token advantages."""
+    out = tmp_path / "run"
+    first_rollout_wins(monkeypatch)
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "num_problems=1", "save_every=0", "token_report=true",
+                           "credit=tree", "tree_branching=2,2")) == 0
+    assert _top_files(out) == sorted([*T.LOG_FILES, T.RUN_CONFIG, "credit.png", "run.png", "tokens.jsonl",
+                                      "tokens.png"])
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, out, "num_problems=1", "save_every=0",
+                           "overwrite=true")) == 0
+    assert _top_files(out) == sorted([*T.LOG_FILES, T.RUN_CONFIG, "run.png"])
+
+
 def test_every_file_of_a_run_has_the_mode_the_umask_gives(finished_run):
     """safetensors writes its files 0600; a run's weights are as readable as its other files (0644 here)."""
     out = finished_run[0]
