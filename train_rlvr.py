@@ -726,9 +726,10 @@ def hub_offline(offline: bool):
             m.HF_HUB_OFFLINE = value
 
 
-def local_copy_hint(what: str) -> str:
-    """An offline copy of the default data sets, where the checkout has ../shared/data beside it."""
-    name = {"dataset": "math_train.jsonl.gz", "eval_dataset": "math500_test.json"}.get(what)
+def local_copy_hint(what: str, source: str) -> str:
+    """An offline copy of the default data sets (only for them), where the checkout has ../shared/data beside it."""
+    name = {("dataset", MATH_TRAIN_URL): "math_train.jsonl.gz",
+            ("eval_dataset", Config.eval_dataset): "math500_test.json"}.get((what, source))
     copy = Path(__file__).resolve().parent.parent / "shared" / "data" / (name or "-")
     return f", e.g. {what}={min(os.path.relpath(copy), str(copy), key=len)}" if name and copy.is_file() else ""
 
@@ -768,7 +769,7 @@ def open_dataset(source: str, split: str, what: str = "dataset", config: str = "
         offline = offline or (None if local.exists() else network_problem(source))
         if offline:
             raise UserError(f"could not load {what} {source!r}: {offline}; connect to the internet, or download it "
-                            f"and set {what}: to the local file{local_copy_hint(what)}")
+                            f"and set {what}: to the local file{local_copy_hint(what, source)}")
         detail = str(e).splitlines()[0] if str(e) else ""
         raise UserError(f"could not load {what} {source!r}: {type(e).__name__}: {detail}")
 

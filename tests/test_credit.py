@@ -119,6 +119,11 @@ def test_the_tree_copies_warning_names_max_new_tokens_where_the_responses_reache
     assert ("whose copies fill the other leaves, 4 reached max_new_tokens=2 (raise max_new_tokens, or use fewer "
             "levels) (said once a run)") in err
     assert "credit_segment_tokens," not in err
+    # at 1 token a segment, responses that ended with EOS: fewer levels, not shorter segments
+    t.warned = set()
+    T.warn_tree_copies(1, T.Tree([[5, 0]] * 4 + [[4, 0]] * 4, [False] * 8, [[0, 1]] * 8, 4), t)
+    assert ("whose copies fill the other leaves, 4 ended with EOS after at most 2 tokens (use fewer levels, or "
+            "credit=sequence) (said once a run)") in capsys.readouterr().err
 
 
 def test_a_setting_its_method_ignores_is_said_once(capsys):

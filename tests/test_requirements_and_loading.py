@@ -234,6 +234,10 @@ def test_the_default_evaluation_set_offline_is_one_line_naming_a_local_copy(tmp_
         "or service not known); connect to the internet, or download it and set eval_dataset: to the local file" + hint]
     assert asked == [("HuggingFaceH4/MATH-500", True, True)]  # the local cache only, at once
     assert not [r for r in caplog.records if "Retry" in r.getMessage()]
+    # another set (the GSM8K preset's) gets no hint to MATH-500's copy
+    assert T.main(run_args(tiny_model_dir, tiny_data_file, tmp_path / "o", "eval_problems=4",
+                           "eval_dataset=openai/gsm8k", "eval_dataset_config=main")) == 2
+    assert capfd.readouterr().err.splitlines()[-1].endswith("download it and set eval_dataset: to the local file")
     assert T.main(run_args(tiny_model_dir, tiny_data_file, tmp_path / "o", "eval_problems=4", "eval_dataset=./m500")) == 2
     assert capfd.readouterr().err.splitlines()[-1].startswith("error: eval_dataset ./m500: no such file or folder")
 
