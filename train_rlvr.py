@@ -1699,7 +1699,7 @@ def open_scorer(cfg: Config):
     try:
         yield scorer
     finally:
-        scorer.close()
+        scorer.__exit__(None, None, None)
 
 
 def try_reward_function(scorer: verifier.TimedVerifier, problem: dict, cfg: Config) -> None:
