@@ -492,9 +492,10 @@ def _alive(pid):
 
 
 def test_one_ctrl_c_stops_a_run_within_one_verifier_timeout_while_a_reward_function_hangs(tmp_path, capsys,
-                                                                                          tiny_model_dir):
+                                                                                          tiny_model_dir, monkeypatch):
     """The function answers the trial call and hangs on every rollout: a SIGINT sent while it hangs stops the run
     after that call's limit (3 s), not after the group's 4 calls (12 s and more); exit 130, nothing lost."""
+    monkeypatch.setitem(T.STOP, "signal", None)  # the signal noted here leaves with the test
     path, hanging = tmp_path / "hang_later.py", tmp_path / "hanging"
     path.write_text(f"import time\n\ndef score(response, answer, record):\n    if response == '\\\\boxed{{' + answer + "
                     f"'}}':\n        return 1.0\n    open({str(hanging)!r}, 'w').close()\n    while True:\n"
