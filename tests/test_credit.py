@@ -59,10 +59,11 @@ def test_a_hand_built_tree_gives_its_node_values_and_trains_a_shared_token_once(
     """Rewards 1, 0, 0, 0: V(root) = 0.25, V(0) = 0.5, V(1) = 0, the leaves their rewards. Segment advantages
     are changes of value over the group's std + eps (0.5 + 1e-4): node (0,) +0.25 / 0.5001 = 0.49990, leaf 0's
     own segment +0.5 / 0.5001 = 0.99980, leaf 1's -0.99980, node (1,) -0.49990. The shared node (0,) is trained
-    by leaf 0 alone (0 in leaf 1), node (1,) by leaf 2 alone (0 in its copy, leaf 3)."""
-    t = _trainer(group_size=4, credit="tree", tree_branching="2,2")
+    by leaf 0 alone (0 in leaf 1), node (1,) by leaf 2 alone (0 in its copy, leaf 3): tree_weighting once, and
+    credit_scale group (the earlier definition of the tree)."""
+    t = _trainer(group_size=4, credit="tree", tree_branching="2,2", tree_weighting="once", credit_scale="group")
     tree = _tree()
-    starts, values, trained = T.tree_values(tree, [1.0, 0.0, 0.0, 0.0], [2, 2])
+    starts, values, trained = T.tree_values(tree, [1.0, 0.0, 0.0, 0.0], "once")
     assert values == [[0.25, 0.5, 1.0], [0.25, 0.5, 0.0], [0.25, 0.0], [0.25, 0.0]]
     assert [m.tolist() for m in trained] == [[1] * 5, [0, 0, 0, 1, 1, 1], [1, 1], [0, 0]]
     group = _group([1.0, 0.0, 0.0, 0.0], [5, 6, 2, 2], tree)
@@ -77,17 +78,63 @@ def test_a_hand_built_tree_gives_its_node_values_and_trains_a_shared_token_once(
     assert sum(x for w in credit.weights for x in w.tolist()) == pytest.approx(3 * a + 2 * b - 3 * b - 2 * a)
 
 
-def test_a_hand_built_trees_token_advantages_without_the_std_are_the_changes_of_value():
-    """advantage_std=none (Dr. GRPO): the same tree, rewards 1, 0, 0, 0, and the changes of value as they are:
+def test_a_hand_built_trees_token_advantages_are_the_raw_changes_of_value_by_default():
+    """credit_scale auto is SPO-tree's raw V(child) - V(parent) for the tree: the same tree, rewards 1, 0, 0, 0,
     node (0,) 0.5 - 0.25 = +0.25, leaf 0's own segment 1 - 0.5 = +0.5, leaf 1's 0 - 0.5 = -0.5, node (1,)
-    0 - 0.25 = -0.25 (not 0.4999 / 0.9998, which divide by the group's std 0.5 + 1e-4)."""
-    t = _trainer(group_size=4, credit="tree", tree_branching="2,2", advantage_std="none")
+    0 - 0.25 = -0.25 (not 0.4999 / 0.9998, which divide by the group's std 0.5 + 1e-4). With the default
+    tree_weighting leaf every leaf trains its whole path: leaf 1 its node (0,) too, leaf 3 (a copy) node (1,)."""
+    t = _trainer(group_size=4, credit="tree", tree_branching="2,2", tree_weighting="once")
     tree = _tree()
     group = _group([1.0, 0.0, 0.0, 0.0], [5, 6, 2, 2], tree)
-    adv = T.compute_advantages(group.rewards, 1e-4, "none", zero_variance=False)
+    adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
     credit = T.assign_credit(1, torch.tensor([1, 2]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
     assert credit.token_advantages == [[0.25, 0.25, 0.25, 0.5, 0.5], [0, 0, 0, -0.5, -0.5, -0.5], [-0.25, -0.25],
                                        [0, 0]]
+    t.cfg.tree_weighting = "leaf"
+    credit = T.assign_credit(1, torch.tensor([1, 2]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    assert credit.token_advantages == [[0.25, 0.25, 0.25, 0.5, 0.5], [0.25, 0.25, 0.25, -0.5, -0.5, -0.5],
+                                       [-0.25, -0.25], [-0.25, -0.25]]
+
+
+def _tree_222(first_level=((10,), (20,))):
+    """A 2,2,2 tree of one token a segment: leaf (a, b, c) is [first_level[a], 30 + 10 a + b, 100 + 4 a + 2 b + c]
+    + EOS, its segments [0, 1, 2]."""
+    leaves = [[*first_level[a], 30 + 10 * a + b, 100 + 4 * a + 2 * b + c, 0] for a, b, c in T.leaf_paths([2, 2, 2])]
+    return T.Tree(leaves, [False] * 8, [[0, len(first_level[0]), len(first_level[0]) + 1]] * 8, generated=20)
+
+
+def test_per_leaf_weighting_gives_each_depths_node_its_share_of_the_leaves():
+    """The 2,2,2 tree, rewards 1 then seven 0s, raw changes: V(root) 1/8, V(0) 1/4, V(0,0) 1/2, leaf 0 1. Summed
+    over the leaves (each term / G = 8), the tokens of node (0,) weigh 4/8 = 1/2 of its advantage 0.125, node
+    (0,0) 2/8 = 1/4 of its 0.25, leaf 0's own 1/8 of its 0.5: the tree's unbiased estimator. Once, each weighs
+    1/8 whatever its depth."""
+    t = _trainer(group_size=8, credit="tree", tree_branching="2,2,2")
+    tree = _tree_222()
+    group = _group([1.0] + [0.0] * 7, [4] * 8, tree)
+    adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
+
+    def weight(credit, token):  # a token's weight in the gradient: its advantages over the leaves, / G
+        return sum(a for leaf, advs in zip(tree.leaves, credit.token_advantages)
+                   for x, a in zip(leaf, advs) if x == token) / 8
+    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    assert credit.values[0] == [0.125, 0.25, 0.5, 1.0]
+    assert [weight(credit, x) for x in (10, 30, 100)] == [0.125 / 2, 0.25 / 4, 0.5 / 8]
+    t.cfg.tree_weighting = "once"
+    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    assert [weight(credit, x) for x in (10, 30, 100)] == [0.125 / 8, 0.25 / 8, 0.5 / 8]
+
+
+def test_identical_siblings_are_one_node_with_the_value_of_all_their_leaves():
+    """Both first-level nodes sampled [10]: one node, V = the mean of all 8 leaves = V(root), advantage 0 (not
+    +0.125 in four leaves and -0.125 in the other four on the same tokens); its four children are compared with
+    it: V(0,0) = 1/2 - 1/8. Rewards 1 then seven 0s, raw, per leaf."""
+    t = _trainer(group_size=8, credit="tree", tree_branching="2,2,2")
+    tree = _tree_222(first_level=((10,), (10,)))
+    group = _group([1.0] + [0.0] * 7, [4] * 8, tree)
+    adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
+    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    assert credit.values[0] == [0.125, 0.125, 0.5, 1.0] and credit.values[4] == [0.125, 0.125, 0.0, 0.0]
+    assert credit.token_advantages[0] == [0.0, 0.375, 0.5, 0.5] and credit.token_advantages[4] == [0.0, -0.125, 0, 0]
 
 
 def test_a_tree_whose_responses_end_before_its_last_level_says_how_many_are_copies(capsys):
@@ -183,12 +230,12 @@ def test_a_first_level_node_is_cut_at_its_line_end_and_the_dropped_token_is_coun
     tok = SimpleNamespace(decode=lambda ids, **kw: "".join("\n" if i == 1 else f"<{i}>" for i in ids))
     calls = []
 
-    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False):
+    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False, **kwargs):
         calls.append(([p.tolist() for p in prompts], max_new))
         first = len(prompts[0]) == 2
         return [torch.tensor([7, 1, 8] if first else [9] * max_new) for _ in prompts], [False] * len(prompts)
     monkeypatch.setattr(T, "decode", decode)
-    tree = T.generate_tree(None, tok, torch.tensor([5, 17]), cfg, 0, 1, T.nullcontext())
+    tree = T.generate_tree(None, tok, torch.tensor([5, 17]), cfg, 0, 1, T.nullcontext(), share_prompt=False)
     assert calls == [([[5, 17]] * 2, 3), ([[5, 17, 7, 1]] * 4, 6)]
     assert tree.leaves == [[7, 1, 9, 9, 9, 9, 9, 9]] * 4 and tree.cut == [True] * 4
     assert tree.segments == [[0, 2]] * 4 and tree.generated == 30
@@ -202,8 +249,8 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
     """Response 0 (3 segments) has V = 0.25 at its first cut and 0.75 at its second, response 1 (1 segment) none:
     with rewards 1, 0 (mean 0.5, std 0.7071), segment advantages (0.25 - 0.5), (0.75 - 0.25), (1 - 0.75) over
     0.7071 + 1e-4; response 1's whole -0.5 / 0.7072, which is its A_i. A segment whose value does not change
-    gets 0."""
-    t = _trainer(group_size=2, credit="monte_carlo", credit_segment_tokens=2)
+    gets 0 (credit_scale group)."""
+    t = _trainer(group_size=2, credit="monte_carlo", credit_segment_tokens=2, credit_scale="group")
     seen = {}
 
     def values(step, prompt_ids, responses, starts, draw, answer, mine, t, record=None):
@@ -224,8 +271,8 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
     monkeypatch.setattr(T, "continuation_values", lambda *a: ([[0.5, 1.0], []], 0))  # the first segment: no change
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
     assert credit.token_advantages[0][:2] == [0.0, 0.0]
-    # advantage_std=none: the changes of value themselves, -0.25, +0.5, +0.25, and response 1's -0.5 (its A_i)
-    t.cfg.advantage_std = "none"
+    # credit_scale raw: the changes of value themselves, -0.25, +0.5, +0.25, and response 1's -0.5 (its A_i)
+    t.cfg.credit_scale = "raw"
     monkeypatch.setattr(T, "continuation_values", lambda *a: ([[0.25, 0.75], []], 0))
     adv = T.compute_advantages(group.rewards, 1e-4, "none", zero_variance=False)
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
@@ -299,8 +346,7 @@ def test_the_spec_credit_is_no_credit_and_with_the_entropy_mask_every_token_gets
     responses = [torch.tensor([5, 6, 0]), torch.tensor([9, 0])]
     assert T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t) is None
     t = _trainer(group_size=2, top_entropy_quantile=0.5)
-    monkeypatch.setattr(T, "token_entropies", lambda model, p, r, amp: torch.tensor([0.1, 0.5, 0.9][:len(r)])
-                        if len(r) == 3 else torch.tensor([0.2, 0.8]))
+    group.entropies = [[0.1, 0.5, 0.9], [0.2, 0.8]]  # what the sampler recorded
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
     assert credit.token_advantages == [[adv[0].item()] * 3, [adv[1].item()] * 2]
     # the group's entropies 0.1 0.2 0.5 0.8 0.9: the median 0.5 and above are kept
@@ -312,53 +358,97 @@ def test_the_entropy_mask_keeps_the_top_quantile_of_the_groups_tokens(monkeypatc
     """TRL's rule: the threshold is the (1 - q) quantile of every token's entropy in the group (linear
     interpolation), tokens at or above it keep their policy term: q = 0.5 over 0.1 0.2 0.3 0.5 0.8 0.9 gives
     0.4, q = 0.2 gives 0.8."""
-    t = _trainer(group_size=2, top_entropy_quantile=0.5)
-    entropies = {4: torch.tensor([0.1, 0.5, 0.9, 0.3]), 2: torch.tensor([0.2, 0.8])}
-    monkeypatch.setattr(T, "token_entropies", lambda model, p, r, amp: entropies[len(r)])
-    responses = [torch.zeros(4, dtype=torch.long), torch.zeros(2, dtype=torch.long)]
-    assert [m.tolist() for m in T.entropy_masks(torch.tensor([1]), responses, t)] == [[0, 1, 1, 0], [0, 1]]
-    t.cfg.top_entropy_quantile = 0.2
-    assert [m.tolist() for m in T.entropy_masks(torch.tensor([1]), responses, t)] == [[0, 0, 1, 0], [0, 1]]
-    t.cfg.top_entropy_quantile = 1.0
-    assert T.entropy_masks(torch.tensor([1]), responses, t) is None
+    group = _group([1.0, 0.0], [4, 2])
+    group.entropies = [[0.1, 0.5, 0.9, 0.3], [0.2, 0.8]]
+    assert [m.tolist() for m in T.entropy_masks(group, 0.5)] == [[0, 1, 1, 0], [0, 1]]
+    assert [m.tolist() for m in T.entropy_masks(group, 0.2)] == [[0, 0, 1, 0], [0, 1]]
+    assert T.entropy_masks(group, 1.0) is None
 
 
-def test_token_entropies_of_a_hand_made_distribution():
+def test_entropy_of_a_hand_made_distribution():
     """Logits (0, 0, -inf...) are a fair coin: ln 2; (30, 0, ...) nearly certain: ~0; four equal: ln 4."""
-    class Fixed(torch.nn.Module):
-        def forward(self, ids, use_cache=False, logits_to_keep=0):
-            logits = torch.full((1, 3, 4), -1e9)
-            logits[0, 0, :2] = 0.0
-            logits[0, 1, 0] = 30.0
-            logits[0, 1, 1:] = 0.0
-            logits[0, 2] = 0.0
-            return SimpleNamespace(logits=logits)
-    got = T.token_entropies(Fixed(), torch.tensor([1, 2]), torch.tensor([3, 4, 0]), T.nullcontext())
-    assert got.tolist() == pytest.approx([math.log(2), 0.0, math.log(4)], abs=1e-6)
+    logits = torch.full((3, 4), -1e9)
+    logits[0, :2] = 0.0
+    logits[1, 0], logits[1, 1:] = 30.0, 0.0
+    logits[2] = 0.0
+    assert T.entropy_of(logits).tolist() == pytest.approx([math.log(2), 0.0, math.log(4)], abs=1e-6)
 
 
-def test_token_entropies_are_read_at_the_position_that_predicts_each_response_token():
-    """A model whose distribution at a position holding token id is uniform over id + 1 tokens (entropy ln(id + 1)):
-    prompt [1, 2], response [3, 4, 0] is predicted from the positions holding 2, 3, 4 (the prompt's last token and
-    the response but its last): ln 3, ln 4, ln 5."""
-    class Uniform(torch.nn.Module):
-        def forward(self, ids, use_cache=False, logits_to_keep=0):
-            logits = torch.full((1, ids.shape[1], 8), -1e9)
-            for k, i in enumerate(ids[0].tolist()):
-                logits[0, k, :i + 1] = 0.0
-            return SimpleNamespace(logits=logits[:, -logits_to_keep:])
-    got = T.token_entropies(Uniform(), torch.tensor([1, 2]), torch.tensor([3, 4, 0]), T.nullcontext())
-    assert got.tolist() == pytest.approx([1.0986123, 1.3862944, 1.6094379], abs=1e-6)
+def test_the_samplers_entropies_are_the_forwards_at_the_position_that_predicts_each_token(tiny_model):
+    """decode records each token's entropy from the logits it was drawn from; a forward over prompt + response
+    but its last token gives, at the positions predicting each response token, the same within float rounding
+    (the decode's cached attention against one pass: measured at most 2e-6 here), for every row of the group."""
+    model, _ = tiny_model
+    prompt = torch.tensor([5, 17, 33, 100, 7])
+    streams = [torch.Generator().manual_seed(k) for k in range(4)]
+    entropies = []
+    responses, _ = T.decode(model, [prompt] * 4, 8, -1, T.sampling_pick(streams, 1.0, 1.0, "cpu"), T.nullcontext(),
+                            entropies=entropies)
+    assert [len(e) for e in entropies] == [len(r) for r in responses] == [8] * 4
+    for r, got in zip(responses, entropies):
+        with torch.no_grad():
+            logits = model(torch.cat([prompt, r[:-1]])[None]).logits[0, len(prompt) - 1:]
+        assert got == pytest.approx(T.entropy_of(logits).tolist(), abs=1e-5)
+    tree = T.generate_tree(model, SimpleNamespace(decode=lambda ids: "x"), prompt, T.Config(
+        group_size=4, credit="tree", tree_branching="2,2", credit_segment_tokens=3, max_new_tokens=8,
+        temperature=1.0, device="cpu"), -1, 1, T.nullcontext(), record_entropies=True)
+    for leaf, got in zip(tree.leaves, tree.entropies):
+        with torch.no_grad():
+            logits = model(torch.cat([prompt, torch.tensor(leaf[:-1])])[None]).logits[0, len(prompt) - 1:]
+        assert got == pytest.approx(T.entropy_of(logits).tolist(), abs=1e-5)
 
 
-def test_a_zero_variance_group_keeps_every_advantage_zero_and_samples_no_continuation(monkeypatch):
-    t = _trainer(group_size=2, credit="monte_carlo")
+@pytest.mark.parametrize("branching", ["2,2", "4,2", "2,4", "2,2,2"])
+def test_the_trees_shared_prompt_pass_gives_the_per_row_trees_tokens(branching, tiny_model):
+    """The prompt's pass run once for every row of every depth (its cache repeated, each row then reading its
+    parent's tokens) samples the same tree as prompt + parent run for every row."""
+    model, _ = tiny_model
+    size = math.prod(int(b) for b in branching.split(","))
+    cfg = T.Config(group_size=size, credit="tree", tree_branching=branching, credit_segment_tokens=3,
+                   max_new_tokens=9, temperature=1.0, device="cpu")
+    tok = SimpleNamespace(decode=lambda ids: "\n" if ids[0] % 7 == 0 else "x")  # a line end now and then
+    prompt = torch.tensor([5, 17, 33, 100, 7])
+    shared = T.generate_tree(model, tok, prompt, cfg, -1, 3, T.nullcontext())
+    per_row = T.generate_tree(model, tok, prompt, cfg, -1, 3, T.nullcontext(), share_prompt=False)
+    assert shared == per_row and len(shared.leaves) == size
+    assert len({tuple(leaf[:seg[1]]) for leaf, seg in zip(shared.leaves, shared.segments) if len(seg) > 1}) > 1
+
+
+def test_a_zero_variance_group_keeps_every_advantage_zero_and_samples_no_continuation_at_the_groups_scale(
+        monkeypatch):
+    """credit_scale group (the spec's scale, 0 in a zero-variance group): no continuation, every A_it 0."""
+    t = _trainer(group_size=2, credit="monte_carlo", credit_scale="group")
     monkeypatch.setattr(T, "continuation_values", lambda *a: pytest.fail("continuations of a zero-variance group"))
     group = _group([1.0, 1.0], [3, 2])
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=True)
     credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor([5, 6, 0]), torch.tensor([9, 0])], group, adv,
                              "1", t)
-    assert credit.token_advantages == [[0.0] * 3, [0.0] * 2]
+    assert credit.token_advantages == [[0.0] * 3, [0.0] * 2] and credit.zero
+
+
+def test_monte_carlo_credits_a_right_first_line_in_an_all_wrong_group(monkeypatch):
+    """VinePPO's case: rewards 0, 0 (zero variance), response 0's first line right (its continuations' mean
+    V = 0.5), response 1's not (V = 0). Raw: response 0's first segment +0.5, its second 0 - 0.5 = -0.5,
+    response 1's 0: a gradient (credit.zero False), where the spec's credit has none. Whitened (auto, VinePPO's):
+    over the 8 tokens .5 .5 -.5 -.5 -.5 0 0 0, mean -0.0625, sample std 0.41726: +0.5 -> 0.5625 / 0.41736 = 1.34775."""
+    t = _trainer(group_size=2, credit="monte_carlo", credit_segment_tokens=2, credit_scale="raw")
+    monkeypatch.setattr(T, "continuation_values", lambda *a, **k: ([[0.5], [0.0]], 16))
+    monkeypatch.setattr(T, "segment_starts", lambda pieces, limit: [0, 2])
+    responses = [torch.tensor([5, 6, 7, 8, 0]), torch.tensor([9, 10, 0])]
+    group = _group([0.0, 0.0], [5, 3])
+    adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=True)
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    assert credit.values == [[0.0, 0.5, 0.0], [0.0, 0.0, 0.0]]
+    assert credit.token_advantages == [[0.5, 0.5, -0.5, -0.5, -0.5], [0.0, 0.0, 0.0]] and not credit.zero
+    assert credit.generated == 8 + 16
+    t.cfg.credit_scale = "auto"
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    x = [0.5, 0.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0]
+    mean = sum(x) / 8
+    std = math.sqrt(sum((v - mean) ** 2 for v in x) / 7)
+    assert (mean, round(std, 5)) == (-0.0625, 0.41726)
+    assert sum(credit.token_advantages, []) == pytest.approx([(v - mean) / (std + 1e-4) for v in x], abs=1e-6)
+    assert credit.token_advantages[0][0] == pytest.approx(1.34775, abs=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -401,25 +491,28 @@ def credit_runs(tiny_model_dir, tiny_data_file, tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["monte_carlo", "tree"])
 def test_a_runs_rollouts_hold_each_tokens_credit_and_its_values_telescope(credit_runs, name):
-    """rollouts.jsonl: segments, values (one more), token_advantages (one per token); a response's segment
-    advantages add up to its A_i (the values telescope; the tree's shared tokens aside); metrics count the
-    tokens generated, continuations and branches included, and the table shows them."""
+    """rollouts.jsonl: segments, values (one more), token_advantages (one per token); a response's values run from
+    the group's mean to its reward; each token's advantage is its segment's change of value as the method's
+    paper scales it (the defaults: the tree's raw, monte_carlo's whitened over the step's tokens); metrics count
+    the tokens generated, continuations and branches included, and the table shows them."""
     out = credit_runs[name]
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(m["reward_std"] > 0 for m in metrics)
-    for r in rollouts:
-        assert len(r["values"]) == len(r["segments"]) + 1 and len(r["token_advantages"]) == r["tokens"]
-        assert r["segments"][0] == 0 and r["segments"] == sorted(set(r["segments"]))
-        m = metrics[r["step"] - 1]
-        if m["reward_std"] > 0:
-            scale = m["reward_std"] + 1e-4
-            assert (r["values"][-1] - r["values"][0]) / scale == pytest.approx(r["advantage"], abs=1e-5)
-            firsts = [r["token_advantages"][s] for s in r["segments"]]
-            if name == "monte_carlo":
-                assert firsts == pytest.approx([(b - a) / scale for a, b in zip(r["values"], r["values"][1:])],
-                                               abs=1e-5)
     for m in metrics:
+        group = [r for r in rollouts if r["step"] == m["step"]]
+        changes = []
+        for r in group:
+            assert len(r["values"]) == len(r["segments"]) + 1 and len(r["token_advantages"]) == r["tokens"]
+            assert r["segments"][0] == 0 and r["segments"] == sorted(set(r["segments"]))
+            assert r["values"][0] == pytest.approx(m["reward_mean"]) and r["values"][-1] == r["reward"]
+            ends = [*r["segments"][1:], r["tokens"]]
+            changes.append([r["values"][k + 1] - r["values"][k] for k in range(len(ends))
+                            for _ in range(ends[k] - r["segments"][k])])
+        flat = torch.tensor(sum(changes, []))
+        if name == "monte_carlo":
+            flat = (flat - flat.mean()) / (flat.std() + 1e-4)
+        assert sum((r["token_advantages"] for r in group), []) == pytest.approx(flat.tolist(), abs=1e-5)
         assert m["generated_tokens"] >= (m["response_tokens"] if name == "monte_carlo" else 1)
     assert (out / "credit.png").stat().st_size > 5_000
 

@@ -57,7 +57,7 @@ def test_rewards_closer_than_any_tolerance_still_have_variance_and_a_gradient(ti
     assert round(adv[7].item(), 5) == 0.00872 and round(adv[0].item(), 7) == -0.0012456
     params = [p for p in model.parameters() if p.requires_grad]
     T.accumulate_policy_gradient(model, params, torch.tensor([5, 17, 33]), responses, adv, 8, T.nullcontext(),
-                                 zero_variance=group.zero_variance)
+                                 silent=group.zero_variance)
     assert torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).item() > 0
 
 
@@ -209,7 +209,7 @@ def test_zero_variance_group_takes_the_same_step_as_computed_zero_gradients(tiny
     # zero variance: the product skips the passes; the twin computes the zero gradient
     zero_adv = advantages(torch.tensor([0.0, 0.0]))
     done = T.accumulate_policy_gradient(model, params, prompt, responses, zero_adv, 2, T.nullcontext(),
-                                        zero_variance=True)
+                                        silent=True)
     loss, seq_lps = done.loss, done.seq_log_probs
     assert loss == 0.0 and seq_lps == [None, None]
     assert all(p.grad is not None and not p.grad.any() for p in params)

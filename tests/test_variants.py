@@ -170,7 +170,7 @@ def test_zero_variance_skip_leaves_weights_and_adamw_untouched_step_moves_them(t
     weights = [p.detach().clone() for p in t.params]
     state = {k: v.clone() for k, v in t.optimizer.state[t.params[0]].items()}
     zero = advantages(torch.ones(4))
-    T.accumulate_policy_gradient(model, t.params, prompt, responses, zero, 4, T.nullcontext(), zero_variance=True)
+    T.accumulate_policy_gradient(model, t.params, prompt, responses, zero, 4, T.nullcontext(), silent=True)
     grad_norm, moved = T.step_or_skip(SimpleNamespace(zero_variance=True), 0.0, t)
     after = t.optimizer.state[t.params[0]]
     assert grad_norm == 0.0
