@@ -41,7 +41,9 @@ from smollm2_learning import read_eval, run  # noqa: E402
 
 METHODS = {"sequence": [], "monte_carlo": ["credit=monte_carlo"], "tree": ["credit=tree"],
            "entropy": ["top_entropy_quantile=0.2"]}
-TASKS = {"sum3": ("examples/smollm2_sum3.yaml", "sum3-"), "addition": ("examples/smollm2.yaml", "")}
+TASKS = {"sum3": ("examples/smollm2_sum3.yaml", "sum3-"), "addition": ("examples/smollm2.yaml", ""),
+         "sum4": ("examples/smollm2_sum4.yaml", "sum4-"), "sum5": ("examples/smollm2_sum5.yaml", "sum5-")}
+PHASES = ("generation", "rewards", "credit", "logprob_backward", "optimizer")  # metrics.jsonl's timings
 
 
 def run_folder(out: Path, task: str, method: str, seed: int, settings: list[str] = ()) -> Path:
@@ -66,6 +68,10 @@ def one_run(model: Path, task: str, method: str, seed: int, on: str, out: Path, 
            "paired": summary["comparison"]["paired"], "steps": len(metrics),
            "nonzero_gradient_steps": sum(m["grad_norm"] > 0 for m in metrics), "generated_tokens": generated,
            "points_per_million_tokens": gain / (generated / 1e6), "step_seconds": sum(m["seconds"] for m in metrics),
+           "points_per_hour": gain / (sum(m["seconds"] for m in metrics) / 3600),
+           # where the steps' time went: sampling the group (a tree: its branches), scoring, the continuations
+           # (monte_carlo) and the entropy mask, the forward + backward passes, the optimizer step
+           "phase_seconds": {p: round(sum(m["timings"].get(p, 0.0) for m in metrics), 1) for p in PHASES},
            "run_seconds": wall}
     if sampled:
         res["sampled"] = sampled_pass1(model, task, method, seed, on, out, settings)

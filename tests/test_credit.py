@@ -122,6 +122,14 @@ def test_per_leaf_weighting_gives_each_depths_node_its_share_of_the_leaves():
     t.cfg.tree_weighting = "once"
     credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
     assert [weight(credit, x) for x in (10, 30, 100)] == [0.125 / 8, 0.25 / 8, 0.5 / 8]
+    # whitened with once: mean and std over the trained tokens alone (2 + 4 nodes of one token, 8 leaves' own
+    # segments of two: the token and EOS), the others stay 0
+    t.cfg.credit_scale = "whiten"
+    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    nodes = [0.125, -0.125] + [0.25, -0.25, 0.0, 0.0] + [0.5, 0.5, -0.5, -0.5] + [0.0] * 12  # raw changes
+    mean, std = sum(nodes) / 22, torch.tensor(nodes).std().item()
+    assert credit.token_advantages[0][:3] == pytest.approx([(x - mean) / (std + 1e-4) for x in (0.125, 0.25, 0.5)])
+    assert credit.token_advantages[1][:2] == [0.0, 0.0]  # leaf 1 shares nodes (0,) and (0, 0) with leaf 0
 
 
 def test_identical_siblings_are_one_node_with_the_value_of_all_their_leaves():
@@ -440,6 +448,7 @@ def test_monte_carlo_credits_a_right_first_line_in_an_all_wrong_group(monkeypatc
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
     assert credit.values == [[0.0, 0.5, 0.0], [0.0, 0.0, 0.0]]
     assert credit.token_advantages == [[0.5, 0.5, -0.5, -0.5, -0.5], [0.0, 0.0, 0.0]] and not credit.zero
+    assert not T.no_signal(group, credit) and T.no_signal(group, None)  # its passes run; the spec's would not
     assert credit.generated == 8 + 16
     t.cfg.credit_scale = "auto"
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)

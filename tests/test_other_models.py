@@ -172,21 +172,23 @@ def test_the_smollm2_problem_sets_are_disjoint_right_and_the_same_for_a_seed(tmp
     assert all(n < len(sets[s]) / 10 for s, n in shared.items()), shared  # measured: 36, 4 and 4 of 500, 200, 200
 
 
-def test_the_sum3_sets_hold_a_problem_once_whichever_order_b_and_c_come_in(tmp_path):
-    """--task sum3: a + b + c and a + c + b are one problem, so no (a, sorted b and c) sits in two of the sets;
-    the seed-0 sets are the full sizes, each sum right."""
+@pytest.mark.parametrize("task", ["sum3", "sum4", "sum5"])
+def test_the_sum_sets_hold_a_problem_once_whichever_order_its_one_digit_numbers_come_in(task, tmp_path):
+    """--task sum3 (sum4, sum5): a + b + c and a + c + b are one problem, so no (a, the sorted one-digit numbers)
+    sits in two of the sets; the seed-0 sets are the full sizes, each of the task's length, each sum right."""
     sys.path.insert(0, str(ROOT / "examples"))
     import make_smollm2
 
-    assert make_smollm2.main([str(tmp_path), "--problems-only", "--task", "sum3"]) == 0
+    assert make_smollm2.main([str(tmp_path), "--problems-only", "--task", task]) == 0
     where = {}
     for split, size in (("train", 500), ("dev", 200), ("heldout", 200)):
-        records = json.loads((tmp_path / f"sum3-{split}.json").read_text())
+        records = json.loads((tmp_path / f"{task}-{split}.json").read_text())
         assert len(records) == size
         for r in records:
-            a, b, c = map(int, r["problem"].split(" + "))
-            assert r["answer"] == str(a + b + c)
-            where.setdefault((a, *sorted((b, c))), []).append(split)
+            a, *rest = map(int, r["problem"].split(" + "))
+            assert len(rest) == int(task[-1]) - 1 and 10 <= a <= 99 and all(2 <= x <= 9 for x in rest)
+            assert r["answer"] == str(a + sum(rest))
+            where.setdefault((a, *sorted(rest)), []).append(split)
     assert len(where) == 900 and all(len(s) == 1 for s in where.values())
 
 
