@@ -397,10 +397,17 @@ def test_the_samplers_entropies_are_the_forwards_at_the_position_that_predicts_e
         with torch.no_grad():
             logits = model(torch.cat([prompt, r[:-1]])[None]).logits[0, len(prompt) - 1:]
         assert got == pytest.approx(T.entropy_of(logits).tolist(), abs=1e-5)
-    tree = T.generate_tree(model, SimpleNamespace(decode=lambda ids: "x"), prompt, T.Config(
-        group_size=4, credit="tree", tree_branching="2,2", credit_segment_tokens=3, max_new_tokens=8,
-        temperature=1.0, device="cpu"), -1, 1, T.nullcontext(), record_entropies=True)
+    # a tree whose first-level nodes are cut at a line end (a token whose id is a multiple of 3), dropping the
+    # tokens after it: their entropies go with them
+    tree = T.generate_tree(model, SimpleNamespace(decode=lambda ids: "\n" if ids[0] % 3 == 0 else "x"), prompt,
+                           T.Config(group_size=4, credit="tree", tree_branching="2,2", credit_segment_tokens=4,
+                                    max_new_tokens=8, temperature=1.0, device="cpu"),
+                           -1, 1, T.nullcontext(), record_entropies=True)
+    assert all(len(seg) == 2 for seg in tree.segments)
+    kept = tree.segments[0][1] + tree.segments[2][1] + sum(len(x) - seg[1] for x, seg in zip(tree.leaves, tree.segments))
+    assert tree.generated > kept  # the tokens sampled: the two first-level nodes' (the dropped ones too), the leaves
     for leaf, got in zip(tree.leaves, tree.entropies):
+        assert len(got) == len(leaf)
         with torch.no_grad():
             logits = model(torch.cat([prompt, torch.tensor(leaf[:-1])])[None]).logits[0, len(prompt) - 1:]
         assert got == pytest.approx(T.entropy_of(logits).tolist(), abs=1e-5)
