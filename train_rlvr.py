@@ -74,6 +74,7 @@ CREDITS = ("sequence", "monte_carlo", "tree")                                 # 
 CREDIT_SCALES = ("auto", "raw", "group", "whiten")                            # see scale_changes
 TREE_WEIGHTINGS = ("leaf", "once")                                            # see tree_values
 ANSWER_FORMATS = ("auto", "plain", "gsm8k", "boxed")                          # see reference_answer
+LR_SCHEDULES = ("constant", "linear", "cosine")                               # see lr_scheduler
 
 
 @dataclass
@@ -95,6 +96,8 @@ class Config:
     max_new_tokens: int = 512
     eos_token: str = "<|endoftext|>"
     learning_rate: float = 1e-5
+    lr_schedule: str = "constant"  # constant (the spec), linear or cosine decay to 0 over the run (transformers')
+    warmup_steps: int = 0  # steps whose learning rate rises linearly from 0 to learning_rate first
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     std_eps: float = 1e-4
@@ -281,6 +284,10 @@ def validate_config(cfg: Config) -> None:
         ("weight_decay", 0 <= cfg.weight_decay and cfg.learning_rate * cfg.weight_decay <= 1e37,
          "a number >= 0 with learning_rate * weight_decay <= 1e37"),
         ("max_grad_norm", cfg.max_grad_norm > 0, "a number > 0"),
+        ("lr_schedule", cfg.lr_schedule in LR_SCHEDULES, "one of " + ", ".join(LR_SCHEDULES)),
+        ("warmup_steps", 0 <= cfg.warmup_steps and (cfg.warmup_steps < cfg.num_problems or cfg.num_problems == 0),
+         f"an integer >= 0 and below num_problems {cfg.num_problems} (the steps: at or beyond it the learning "
+         "rate would never reach learning_rate)"),
         # a value that rounds to 0 in float32 (the rewards' dtype) would make zero-variance groups 0/0 = NaN
         ("std_eps", 0 < float(torch.tensor(cfg.std_eps, dtype=torch.float32)) < math.inf,
          "a number > 0 that float32 can hold (>= 1e-45; it keeps a zero-variance group from dividing by 0)"),
@@ -888,6 +895,7 @@ class Trainer:
     reference: torch.nn.Module | None = None  # kl_coef > 0: the frozen starting weights (load_reference)
     decoders: Decoders = dataclasses.field(default_factory=lambda: Decoders())
     warned: set = dataclasses.field(default_factory=set)  # the warnings said once a run (warn_once)
+    scheduler: object = None  # lr_schedule or warmup_steps: transformers' LambdaLR over the optimizer (lr_scheduler)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2253,6 +2261,32 @@ def zero_gradients(params: list[torch.nn.Parameter]) -> None:
 # ----------------------------------------------------------------------------------------------
 # Optimizer step
 
+def lr_scheduler(cfg: Config, optimizer, steps: int):
+    """lr_schedule and warmup_steps as transformers' get_scheduler builds them (TRL's lr_scheduler_type), over the
+    run's steps: the learning rate of step k (from 0) is learning_rate times
+      constant, with warmup W    min(1, k / W)
+      linear                     k / W during the warmup, then (steps - k) / (steps - W)
+      cosine                     k / W during the warmup, then 0.5 (1 + cos(pi (k - W) / (steps - W)))
+    One scheduler step per training step (every epoch of a step takes that step's rate; a step skipped or undone
+    still moves the schedule on). None for the spec: a constant rate with no warmup, no scheduler at all."""
+    if cfg.lr_schedule == "constant" and not cfg.warmup_steps:
+        return None
+    from transformers import get_scheduler
+    name = "constant_with_warmup" if cfg.lr_schedule == "constant" else cfg.lr_schedule
+    return get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=steps)
+
+
+def next_learning_rate(scheduler, steps: int = 1) -> None:
+    """The schedule moved on by `steps` training steps (a resumed run: the steps done)."""
+    if scheduler is None:
+        return
+    import warnings
+    with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": a skipped step's, a resume's
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(steps):
+            scheduler.step()
+
+
 def step_or_skip(group: Group, loss: float, t: Trainer) -> tuple[float, float | None]:
     """optimizer_step, the spec's: a zero-variance group too takes its AdamW step, with a zero
     gradient (momentum and weight decay still move the weights). zero_variance=skip takes none for
@@ -2411,12 +2445,14 @@ def train_step(step: int, candidates: list[dict], draw: int, t: Trainer) -> Step
         done = backpropagate_group(step, prompt_ids, responses, group, advantages, t, first and first.token_log_probs,
                                    credit)
         clock.lap("logprob_backward")
+        lr = t.optimizer.param_groups[0]["lr"]
         grad_norm, moved = step_or_skip(group, done.loss, t)
         clock.lap("optimizer")
-        epochs.append(epoch_figures(epoch, done, grad_norm, moved, group, t.cfg))
+        epochs.append(dict(epoch_figures(epoch, done, grad_norm, moved, group, t.cfg), learning_rate=lr))
         first = first or done
         if moved is None:  # undone (non-finite): the group takes no further epoch
             break
+    next_learning_rate(t.scheduler)
     changes = token_changes(prompt_ids, responses, group, first, epochs, t, credit)
     return step_report(step, problem, t.cfg, group, advantages, first.seq_log_probs, epochs, clock, set_aside, changes,
                        credit)
@@ -2487,7 +2523,7 @@ def step_report(step, problem, cfg, group: Group, advantages, seq_log_probs, epo
                "policy_loss": first["policy_loss"], "grad_norm": first["grad_norm"],
                "update_norm": first["update_norm"], "skipped": any(e["update_norm"] is None for e in epochs),
                "seconds": clock.total(), **{k: v for k, v in figures.items() if k not in TABLE_FIGURES}}
-    metrics.update({k: first[k] for k in ("kl", "clipped_fraction") if k in first})
+    metrics.update({k: first[k] for k in ("kl", "clipped_fraction", "learning_rate") if k in first})
     if cfg.ppo_epochs > 1:
         metrics["epochs"] = epochs
     if cfg.zero_variance == "resample":
@@ -2635,9 +2671,11 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id, buffers, reference=reference,
                 decoders=decoders)
     s = RunState(od.path, argv, problems, list(eval_set), min(cfg.num_problems, len(problems)))
+    t.scheduler = lr_scheduler(cfg, optimizer, s.steps)  # before a checkpoint's AdamW state: its base rate is cfg's
     if od.resume_from is not None:
         s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
         s.last_saved = len(s.history)
+        next_learning_rate(t.scheduler, len(s.history))  # the rate of each step is a function of the step alone
         progress(f"resumed from {od.resume_from} after step {len(s.history)}")
     on_rank0(check_disk, cfg, model, od.path, len(s.history), s.steps)
     return t, s
@@ -3004,6 +3042,8 @@ def step_scalars(m: dict, history: list[dict]) -> dict[str, float]:
         scalars["update_norm"] = m["update_norm"]
     if "kl" in m:  # kl_coef
         scalars["kl"] = m["kl"]
+    if "learning_rate" in m:  # a step before this was recorded has none
+        scalars["learning_rate"] = m["learning_rate"]
     if "epochs" in m:  # ppo_epochs > 1: the last epoch's (the first's is always 0)
         scalars["clip_ratio/region_mean"] = m["epochs"][-1]["clipped_fraction"]
     if "problems_drawn" in m:  # zero_variance=resample
@@ -4005,7 +4045,9 @@ def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | N
                             "output_dir, or pass overwrite=true to replace that run")
     saved = dataclasses.asdict(Config())
     saved.update(yaml.safe_load((ckpt / "config.yaml").read_text()) or {})
-    differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in RESUME_MAY_DIFFER and saved.get(k) != v]
+    # a decaying schedule spans the run's steps: there num_problems changes every step's learning rate
+    may_differ = RESUME_MAY_DIFFER - ({"num_problems"} if cfg.lr_schedule != "constant" else set())
+    differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in may_differ and saved.get(k) != v]
     if differ:
         raise UserError(f"cannot resume {ckpt}: these settings differ from the checkpoint's and change the math: "
                         f"{', '.join(differ)}; set them back or start a new run in another output_dir")
