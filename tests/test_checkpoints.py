@@ -199,7 +199,8 @@ OTHER_VALUE = {
     "model": "someorg/another-model", "revision": "main", "dataset": "someorg/another-set", "dataset_split": "test",
     "problem_field": "question", "answer_field": "solution", "dataset_config": "main", "answer_format": "plain",
     "start_index": 1, "prompt_template": "Solve {problem}", "group_size": 2, "temperature": 0.7, "top_p": 0.5,
-    "max_new_tokens": 7, "eos_token": "</s>", "learning_rate": 2e-3, "weight_decay": 0.1, "max_grad_norm": 2.0,
+    "max_new_tokens": 7, "eos_token": "</s>", "learning_rate": 2e-3, "lr_schedule": "cosine",
+    "warmup_steps": 1, "weight_decay": 0.1, "max_grad_norm": 2.0,
     "std_eps": 1e-3, "advantage_std": "none", "loss_aggregation": "token_mean", "zero_variance": "skip",
     "resample_limit": 4, "format_reward": 0.1, "reward_function": "REWARDS:other", "reward_weights": "1,0.5",
     "kl_coef": 0.1, "ppo_epochs": 2, "clip_eps": 0.3, "clip_eps_high": 0.28, "mask_truncated_completions": True,
@@ -238,7 +239,8 @@ def test_a_resume_that_changes_any_setting_outside_resume_may_differ_is_refused(
     monkeypatch.setattr(T, "resolve_device", lambda cfg: torch.device("cpu"))
     out = next(a.split("=", 1)[1] for a in args if a.startswith("output_dir="))
     capsys.readouterr()
-    assert T.main([*args, "resume=auto", f"{key}={value}"]) == 2
+    longer = ["num_problems=3"] if key == "warmup_steps" else []  # a warmup needs steps after it (num_problems may differ)
+    assert T.main([*args, "resume=auto", f"{key}={value}", *longer]) == 2
     line = one_line_error(capsys, "cannot resume")
     assert line == (f"error: cannot resume {out}/checkpoints/step-000001: these settings differ from the checkpoint's "
                     f"and change the math: {key}; set them back or start a new run in another output_dir")
