@@ -239,7 +239,8 @@ def test_a_resume_that_changes_any_setting_outside_resume_may_differ_is_refused(
     monkeypatch.setattr(T, "resolve_device", lambda cfg: torch.device("cpu"))
     out = next(a.split("=", 1)[1] for a in args if a.startswith("output_dir="))
     capsys.readouterr()
-    longer = ["num_problems=3"] if key == "warmup_steps" else []  # a warmup needs steps after it (num_problems may differ)
+    # a warmup needs steps after it (num_problems may differ on resume)
+    longer = ["num_problems=3"] if key == "warmup_steps" else []
     assert T.main([*args, "resume=auto", f"{key}={value}", *longer]) == 2
     line = one_line_error(capsys, "cannot resume")
     assert line == (f"error: cannot resume {out}/checkpoints/step-000001: these settings differ from the checkpoint's "

@@ -404,7 +404,8 @@ def test_the_samplers_entropies_are_the_forwards_at_the_position_that_predicts_e
                                     max_new_tokens=8, temperature=1.0, device="cpu"),
                            -1, 1, T.nullcontext(), record_entropies=True)
     assert all(len(seg) == 2 for seg in tree.segments)
-    kept = tree.segments[0][1] + tree.segments[2][1] + sum(len(x) - seg[1] for x, seg in zip(tree.leaves, tree.segments))
+    firsts = tree.segments[0][1] + tree.segments[2][1]  # the two first-level nodes' kept tokens
+    kept = firsts + sum(len(x) - seg[1] for x, seg in zip(tree.leaves, tree.segments))
     assert tree.generated > kept  # the tokens sampled: the two first-level nodes' (the dropped ones too), the leaves
     for leaf, got in zip(tree.leaves, tree.entropies):
         assert len(got) == len(leaf)
