@@ -128,36 +128,13 @@ def problems(seed: int, sizes: dict[str, int]) -> dict[str, list[dict]]:
     return sets
 
 
-def sum3_problems(seed: int, sizes: dict[str, int]) -> dict[str, list[dict]]:
-    """Disjoint sets of three-number sums a + b + c (a of 2 digits, b and c of one, 2-9), a task of two steps
-    that can each go wrong: examples/smollm2_sum3.yaml's few-shot prompt writes them as two additions on two
-    lines ("47 + 8 = 55", "55 + 6 = 61"); the start model is right on 17 of 60 held-out problems greedy.
-    (Three 2-digit numbers were tried first: 0 of 40 right, so no group would have had reward variance.)
-    Held-out first; no triple in two sets (b and c in either order is one problem)."""
-    rng = random.Random(f"sum3-{seed}")
-    used: set[tuple[int, ...]] = set()
-    sets: dict[str, list[dict]] = {}
-    for split in ("heldout", "dev", "train"):
-        records = []
-        while len(records) < sizes[split]:
-            a, b, c = rng.randint(10, 99), rng.randint(2, 9), rng.randint(2, 9)
-            key = (a, *sorted((b, c)))
-            if key in used:
-                continue
-            used.add(key)
-            carries = (a % 10 + b % 10 >= 10) + ((a + b) % 10 + c % 10 >= 10)
-            kind = f"{carries} carr{'y' if carries == 1 else 'ies'} from the ones"
-            records.append({"problem": f"{a} + {b} + {c}", "answer": str(a + b + c), "level": "three-number sum",
-                            "subject": kind, "type": kind, "unique_id": f"smollm2-sum3-{split}/{a}+{b}+{c}.json"})
-        sets[split] = records
-    return sets
-
-
 def chain_problems(numbers: int):
-    """The sets' maker of a longer chain, a + b + c + d (+ e): a of 2 digits, the rest of one (2-9), written by
-    examples/smollm2_sum{numbers}.yaml's few-shot prompt as one addition a line, each line starting from the last
-    one's result, so an early line can be right and a later one wrong, and a wrong line makes every later one
-    wrong (the steps compound). Held-out first; no problem in two sets (the one-digit numbers in any order)."""
+    """The sets' maker of a sum of `numbers` numbers, a + b + c (+ d + e): a of 2 digits, the rest of one (2-9),
+    written by examples/smollm2_sum{numbers}.yaml's few-shot prompt as one addition a line, each line starting
+    from the last one's result ("47 + 8 = 55", "55 + 6 = 61"), so an early line can be right and a later one
+    wrong, and a wrong line makes every later one wrong (the steps compound). sum3: the start model is right on
+    17 of 60 held-out problems greedy (three 2-digit numbers were tried first: 0 of 40 right, so no group would
+    have had reward variance). Held-out first; no problem in two sets (the one-digit numbers in any order)."""
     def make(seed: int, sizes: dict[str, int]) -> dict[str, list[dict]]:
         rng = random.Random(f"sum{numbers}-{seed}")
         used: set[tuple[int, ...]] = set()
@@ -173,7 +150,7 @@ def chain_problems(numbers: int):
                 carries = sum(sum(terms[:k]) % 10 + terms[k] >= 10 for k in range(1, numbers))
                 kind = f"{carries} carr{'y' if carries == 1 else 'ies'} from the ones"
                 text = " + ".join(map(str, terms))
-                records.append({"problem": text, "answer": str(sum(terms)), "level": f"{numbers}-number sum",
+                records.append({"problem": text, "answer": str(sum(terms)), "level": f"{WORDS[numbers]}-number sum",
                                 "subject": kind, "type": kind,
                                 "unique_id": f"smollm2-sum{numbers}-{split}/{text.replace(' ', '')}.json"})
             sets[split] = records
@@ -181,7 +158,8 @@ def chain_problems(numbers: int):
     return make
 
 
-TASKS = {"addition": ("", problems), "sum3": ("sum3-", sum3_problems),  # file prefix, the sets' maker
+WORDS = {3: "three", 4: "four", 5: "five"}
+TASKS = {"addition": ("", problems), "sum3": ("sum3-", chain_problems(3)),  # file prefix, the sets' maker
          "sum4": ("sum4-", chain_problems(4)), "sum5": ("sum5-", chain_problems(5))}
 
 
