@@ -336,7 +336,7 @@ def test_the_kl_term_gives_the_hand_computed_loss_and_gradient(tiny_model, aggre
         adv = advantages(torch.tensor(rewards))
         terms = T.LossTerms(divisors, reference=ref, kl_coef=beta)
         done = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), 1,
-                                            divisors, terms, zero_variance=len(set(rewards)) == 1)
+                                            divisors, terms, silent=len(set(rewards)) == 1)
         loss = done.loss
         got = _flat([p.grad.clone() for p in params])
         model.zero_grad(set_to_none=True)
