@@ -11,7 +11,8 @@
 
 The committed records: benchmarks/credit_methods.json (the grid, runs/credit), credit_dev.json (runs/credit-dev)
 and credit_tuned.json (runs/credit-tuned: the tree at the segment length chosen on dev, and the spec's credit run
-again beside it on the same machine); docs/variants.md has the commands of each.
+again beside it on the same machine), all with the methods' earlier definitions; credit47_dev.json (runs/credit47-
+dev: the sum4 task's dev runs, the methods as their papers define them); docs/variants.md has the commands of each.
 
 Each (task, method, seed) is one ordinary run, `python train_rlvr.py --config examples/smollm2_sum3.yaml` (task
 sum3) or `examples/smollm2.yaml` (addition) with the method's settings, `seed=..` and greedy evaluation of the
