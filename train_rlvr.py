@@ -1923,13 +1923,12 @@ def scale_changes(changes: list[torch.Tensor], trained: list[torch.Tensor] | Non
     """The changes of value as advantages (credit_scale; the formulas above assign_credit). trained (the tree's
     once weighting): which tokens the loss trains; whitening counts those alone, and the others stay 0."""
     how = credit_scale(cfg)
-    kept = changes if trained is None else [c[m.bool()] for c, m in zip(changes, trained)]
     if how == "group":
         if group.zero_variance:
             return [torch.zeros_like(c) for c in changes]
         changes = [c / (group.rewards.std(unbiased=True) + cfg.std_eps) for c in changes]
     elif how == "whiten":
-        every = torch.cat(kept)
+        every = torch.cat(changes if trained is None else [c[m.bool()] for c, m in zip(changes, trained)])
         spread = every.std(unbiased=True) if len(every) > 1 else every.new_zeros(())
         changes = [(c - every.mean()) / (spread + cfg.std_eps) for c in changes]
     return changes if trained is None else [c * m for c, m in zip(changes, trained)]
