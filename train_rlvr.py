@@ -4690,7 +4690,18 @@ def start_watchdog(silence: float) -> None:
 # main
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    code = run_main(sys.argv[1:] if argv is None else argv)
+    if RANKS.world > 1:
+        # Every file is written and closed and the ranks have met; skip the interpreter's teardown, in which gloo's
+        # process group (still held by torch's DeviceMesh registry) went down once in CI with SIGABRT
+        # ("terminate called without an active exception") after a run that had finished.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def run_main(argv: list[str]) -> int:
     od = None
     try:
         cfg = load_config(argv)
