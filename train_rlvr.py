@@ -69,7 +69,7 @@ MATH_TRAIN_URL = ("https://raw.githubusercontent.com/rasbt/math_full_minus_math5
 PRECISIONS = ("auto", "fp32", "bf16-autocast", "bf16")
 ADVANTAGE_STDS = ("group", "none")                                            # see compute_advantages
 LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  # see loss_divisors
-ZERO_VARIANCES = ("step", "skip", "resample")                                 # see step_or_skip, draw_group
+ZERO_VARIANCES = ("step", "skip", "resample")                                 # see step_or_skip, draw_groups
 CREDITS = ("sequence", "monte_carlo", "tree")                                 # see assign_credit
 CREDIT_SCALES = ("auto", "raw", "group", "whiten")                            # see scale_changes
 TREE_WEIGHTINGS = ("leaf", "once")                                            # see tree_values
@@ -91,6 +91,7 @@ class Config:
     num_problems: int = 50
     prompt_template: str = SPEC_PROMPT
     group_size: int = 8
+    problems_per_step: int = 1  # P: the groups of one AdamW step, sampled in one batch; the loss their mean (1: the spec)
     temperature: float = 0.8
     top_p: float = 0.9
     max_new_tokens: int = 512
@@ -278,6 +279,10 @@ def validate_config(cfg: Config) -> None:
         ("top_p", 0 < cfg.top_p <= 1, "a number in (0, 1]"),
         ("max_new_tokens", 1 <= cfg.max_new_tokens <= 2**20, "an integer in [1, 1048576]"),
         ("num_problems", cfg.num_problems >= 0, "an integer >= 0 (0: evaluation only)"),
+        ("problems_per_step", 1 <= cfg.problems_per_step <= max(1, cfg.num_problems),
+         f"an integer in [1, num_problems {cfg.num_problems}] (the problems of one optimizer step)"),
+        ("problems_per_step", cfg.problems_per_step == 1 or cfg.credit != "tree",
+         "1 with credit: tree (a tree grows one problem's group at a time; monte_carlo and sequence take several)"),
         ("start_index", cfg.start_index >= 0, "an integer >= 0"),
         # AdamW turns lr / (1 - beta1**t) and lr * weight_decay into float32 scalars: beyond ~3e38 it raises
         ("learning_rate", 0 < cfg.learning_rate <= 1e37, "a number in (0, 1e37] (AdamW's step size is a float32)"),
@@ -285,9 +290,10 @@ def validate_config(cfg: Config) -> None:
          "a number >= 0 with learning_rate * weight_decay <= 1e37"),
         ("max_grad_norm", cfg.max_grad_norm > 0, "a number > 0"),
         ("lr_schedule", cfg.lr_schedule in LR_SCHEDULES, "one of " + ", ".join(LR_SCHEDULES)),
-        ("warmup_steps", 0 <= cfg.warmup_steps and (cfg.warmup_steps < cfg.num_problems or cfg.num_problems == 0),
-         f"an integer >= 0 and below num_problems {cfg.num_problems} (the steps: at or beyond it the learning "
-         "rate would never reach learning_rate)"),
+        ("warmup_steps", 0 <= cfg.warmup_steps and (cfg.warmup_steps < run_steps(cfg.num_problems, cfg)
+                                                    or cfg.num_problems == 0),
+         f"an integer >= 0 and below the run's {run_steps(cfg.num_problems, cfg)} steps (num_problems / "
+         "problems_per_step: at or beyond it the learning rate would never reach learning_rate)"),
         # a value that rounds to 0 in float32 (the rewards' dtype) would make zero-variance groups 0/0 = NaN
         ("std_eps", 0 < float(torch.tensor(cfg.std_eps, dtype=torch.float32)) < math.inf,
          "a number > 0 that float32 can hold (>= 1e-45; it keeps a zero-variance group from dividing by 0)"),
@@ -859,12 +865,15 @@ def check_memory(cfg: Config, model, problems: list[dict], device: torch.device)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     length = max(len(p["prompt_ids"]) for p in problems) + cfg.max_new_tokens
-    need = cfg.group_size * (length * c.num_hidden_layers * 2 * kv_heads * head_dim * 2 + 3 * c.vocab_size * 4)
+    rows = cfg.group_size * cfg.problems_per_step  # problems_per_step: every group of the step in one batch
+    need = rows * (length * c.num_hidden_layers * 2 * kv_heads * head_dim * 2 + 3 * c.vocab_size * 4)
     have = available_memory(device)
     if need > have:
-        raise UserError(f"group_size {cfg.group_size} with max_new_tokens {cfg.max_new_tokens} needs at least "
+        what = f"group_size {cfg.group_size}" + (f" x problems_per_step {cfg.problems_per_step}"
+                                                 if cfg.problems_per_step > 1 else "")
+        raise UserError(f"{what} with max_new_tokens {cfg.max_new_tokens} needs at least "
                         f"{need / 1e9:.1f} GB on {device} for generation, but {have / 1e9:.1f} GB are available; "
-                        "lower group_size or max_new_tokens")
+                        f"lower group_size{', problems_per_step' if cfg.problems_per_step > 1 else ''} or max_new_tokens")
 
 
 def available_memory(device: torch.device) -> int:
@@ -901,40 +910,49 @@ class Trainer:
 # ----------------------------------------------------------------------------------------------
 # Rollouts
 
-def sample_group(step: int, draw: int, problem: dict, prompt_ids: torch.Tensor, t: Trainer):
-    """This rank's rollouts of the group (rank_share; one process: all of them), each drawn from its own random stream
-    (keyed by the draw: the step, without resampling), so the tokens do not depend on the number of processes.
-    Returns them, whether each was cut at max_new_tokens, with credit=tree the whole group's Tree (else None), and
-    with top_entropy_quantile < 1 each response token's entropy, from the sampler's own logits (else None)."""
-    mine = rank_share(t.cfg.group_size)
-    progress(f"[step {step}] generating {t.cfg.group_size} rollouts (problem {problem['index']})")
+def sample_groups(step: int, draws: list[tuple[int, dict, torch.Tensor]], t: Trainer) -> list[tuple]:
+    """This rank's rollouts of each (draw, problem, prompt ids)'s group (rank_share; one process: all of them), every group of
+    the step in one batched decode, each rollout drawn from its own random stream (keyed by the draw: the problem's
+    place in the data, 1-based), so its tokens depend neither on the number of processes nor on the problems
+    beside it in the batch. Per problem: the responses, whether each was cut at max_new_tokens, with credit=tree
+    the whole group's Tree (else None), and with top_entropy_quantile < 1 each response token's entropy, from
+    the sampler's own logits (else None)."""
+    mine, G = rank_share(t.cfg.group_size), t.cfg.group_size
+    prompts = [ids for _, _, ids in draws]
+    progress(f"[step {step}] generating {G} rollouts (problem {draws[0][1]['index']})" if len(draws) == 1 else
+             f"[step {step}] generating {len(draws)} x {G} rollouts (problems "
+             f"{', '.join(str(p['index']) for _, p, _ in draws)})")
     entropies = [] if t.cfg.top_entropy_quantile < 1 else None
-    with agreed("generation", step, rollouts=len(mine), prompt_tokens=len(prompt_ids), cfg=t.cfg), \
-            full_weights(t.model):
+    with agreed("generation", step, rollouts=len(mine) * len(draws), prompt_tokens=max(map(len, prompts)),
+                cfg=t.cfg), full_weights(t.model):
         amp = autocast(t.device, t.precision)
         if t.cfg.credit == "tree":  # every rank grows the whole tree (its prefixes are shared); rank 0's is used
+            draw, _, prompt_ids = draws[0]  # one problem a step (validate_config)
             tree = from_rank0(generate_tree(t.model, t.tokenizer, prompt_ids, t.cfg, t.eos_id, draw, amp,
                                             entropies is not None))
             warn_tree_copies(step, tree, t)
             leaves = [prompt_ids.new_tensor(tree.leaves[i]) for i in mine]
-            return leaves, [tree.cut[i] for i in mine], tree, tree.entropies and [tree.entropies[i] for i in mine]
-        streams = rollout_streams(t.cfg.seed, draw, mine, t.device)
-        responses, cut = generate_rollouts(t.model, prompt_ids, t.cfg, t.eos_id, streams, amp, t.decoders, entropies)
-        return responses, cut, None, entropies
+            return [(leaves, [tree.cut[i] for i in mine], tree, tree.entropies and [tree.entropies[i] for i in mine])]
+        streams = [g for draw, _, _ in draws for g in rollout_streams(t.cfg.seed, draw, mine, t.device)]
+        rows = [ids for ids in prompts for _ in mine]  # one object per prompt: its rows share its prompt pass
+        responses, cut = generate_rollouts(t.model, rows, t.cfg, t.eos_id, streams, amp, t.decoders, entropies)
+        n = len(mine)
+        return [(responses[k * n:(k + 1) * n], cut[k * n:(k + 1) * n], None,
+                 None if entropies is None else entropies[k * n:(k + 1) * n]) for k in range(len(draws))]
 
 
 @torch.no_grad()
-def generate_rollouts(model, prompt_ids: torch.Tensor, cfg: Config, eos_id: int, streams: list[torch.Generator],
-                      amp, decoders: Decoders | None = None, entropies: list | None = None
+def generate_rollouts(model, prompt_ids: torch.Tensor | list[torch.Tensor], cfg: Config, eos_id: int,
+                      streams: list[torch.Generator], amp, decoders: Decoders | None = None, entropies: list | None = None
                       ) -> tuple[list[torch.Tensor], list[bool]]:
-    """One rollout per random stream, all of one prompt, in one batched decode loop with a KV cache.
-    Sampling comes from cfg alone (no transformers defaults or generation_config leak in). A response
-    is its tokens up to and including the first EOS (none if cut at max_new_tokens). Eager, or with
-    `compile` the StaticDecoder of `decoders` (the same logits in float32). entropies: a list that receives
-    each response token's entropy (decode)."""
-    prompts = [prompt_ids] * len(streams)
-    pick = sampling_pick(streams, cfg.temperature, cfg.top_p, prompt_ids.device)
-    with weight_cast_cache(amp, prompt_ids.device.type):
+    """One rollout per random stream, in one batched decode loop with a KV cache: all of one prompt, or with a list
+    row i of prompt_ids[i] (several problems' groups). Sampling comes from cfg alone (no transformers defaults or
+    generation_config leak in). A response is its tokens up to and including the first EOS (none if cut at
+    max_new_tokens). Eager, or with `compile` the StaticDecoder of `decoders` (the same logits in float32).
+    entropies: a list that receives each response token's entropy (decode)."""
+    prompts = prompt_ids if isinstance(prompt_ids, list) else [prompt_ids] * len(streams)
+    pick = sampling_pick(streams, cfg.temperature, cfg.top_p, prompts[0].device)
+    with weight_cast_cache(amp, prompts[0].device.type):
         return compiled_or_eager(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, cfg, streams, "rollouts",
                                  decoders=decoders, entropies=entropies)
 
@@ -2034,14 +2052,28 @@ class Pass:
     clipped: float = 0.0                      # tokens whose ratio the clip holds (ppo_epochs > 1)
 
 
+def backpropagate_step(step: int, slots: list[Slot], t: Trainer) -> list[Pass]:
+    """The step's gradient: zeroed once, each group's added (backpropagate_group), then summed across ranks so that
+    every rank holds the whole step's. With P groups the loss is the mean of their losses (each group's terms
+    divided by P more), so a learning rate means per group what it means with one. Returns each group's Pass."""
+    zero_gradients(t.params)
+    passes = [backpropagate_group(step, s.prompt_ids, s.responses, s.group, s.advantages, t,
+                                  s.first and s.first.token_log_probs, s.credit, len(slots)) for s in slots]
+    if not all(no_signal(s.group, s.credit) for s in slots) or t.cfg.kl_coef:
+        sum_gradients(t.params)
+    note(f"step {step}: optimizer step")
+    check_stop()  # the last safe point: nothing of this step has touched the weights or AdamW yet
+    return passes
+
+
 def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
                         advantages: torch.Tensor, t: Trainer, first_pass: list | None = None,
-                        credit: Credit | None = None) -> Pass:
-    """accumulate_policy_gradient over this rank's responses, the gradients then summed across ranks
-    so that every rank holds the whole group's. first_pass: a later epoch of ppo_epochs (the first
-    pass's token log-probs). Returns the group's Pass (token log-probs: this rank's)."""
+                        credit: Credit | None = None, groups: int = 1) -> Pass:
+    """accumulate_policy_gradient over this rank's responses, added to the gradient (backpropagate_step zeroes and
+    sums it across ranks). first_pass: a later epoch of ppo_epochs (the first pass's token log-probs); groups: the
+    step's P. Returns the group's Pass (its loss divided by P; token log-probs: this rank's)."""
     mine = rank_share(t.cfg.group_size)
-    terms = loss_terms(t, group, first_pass, mine, credit)
+    terms = loss_terms(t, group, first_pass, mine, credit, groups)
     silent = no_signal(group, credit)
     if t.cfg.mask_truncated_completions and all(group.cut) and not silent:
         warn_once(t, "every response masked", f"warning: step {step}: every response of a group with reward variance "
@@ -2051,12 +2083,8 @@ def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[tor
     with agreed("backward", step, longest=max(len(r) for r in responses), prompt_tokens=len(prompt_ids), cfg=t.cfg):
         p = accumulate_policy_gradient(t.model, t.params, prompt_ids, responses, advantages[mine.start:mine.stop].to(
             t.device), t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size, terms.divisors,
-            terms, silent)
-    if not silent or t.cfg.kl_coef:
-        sum_gradients(t.params)
+            terms, silent, zero=False)
     shares = gather_objects((p.loss, p.seq_log_probs, p.kl, p.clipped))
-    note(f"step {step}: optimizer step")
-    check_stop()  # the last safe point: nothing of this step has touched the weights or AdamW yet
     return Pass(sum(s[0] for s in shares), [x for s in shares for x in s[1]], p.token_log_probs,
                 sum(s[2] for s in shares), sum(s[3] for s in shares))
 
@@ -2068,28 +2096,29 @@ def no_signal(group: Group, credit: Credit | None) -> bool:
     return group.zero_variance if credit is None else credit.zero
 
 
-def loss_terms(t: Trainer, group: Group, first_pass: list | None, mine: range, credit: Credit | None = None
-               ) -> LossTerms:
+def loss_terms(t: Trainer, group: Group, first_pass: list | None, mine: range, credit: Credit | None = None,
+               groups: int = 1) -> LossTerms:
     """The settings' LossTerms for this rank's responses: the divisors of loss_aggregation (a masked
-    response's tokens do not count), the KL's reference, a later epoch's old log-probs, the clip range,
-    and with credit its token advantages."""
+    response's tokens do not count) times the step's P groups, the KL's reference, a later epoch's old
+    log-probs, the clip range, and with credit its token advantages."""
     cfg = t.cfg
     masked = [cfg.mask_truncated_completions and c for c in group.cut]
     counted = [0 if m else n for n, m in zip(group.tokens, masked)]
     divisors = loss_divisors(cfg.loss_aggregation, counted if any(masked) else group.tokens, cfg.max_new_tokens)
-    return LossTerms(divisors[mine.start:mine.stop], t.reference, cfg.kl_coef, first_pass, cfg.clip_eps,
+    return LossTerms([d * groups for d in divisors[mine.start:mine.stop]], t.reference, cfg.kl_coef, first_pass, cfg.clip_eps,
                      cfg.clip_eps_high or cfg.clip_eps, masked[mine.start:mine.stop] if any(masked) else None,
                      None if credit is None else credit.weights)
 
 
 def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp,
                                logprob_batch_size: int = 1, divisors: list[int] | None = None,
-                               terms: LossTerms | None = None, silent: bool = False) -> Pass:
-    """Zero the gradient once, then forward + backward one response at a time (the spec), so only one response's
+                               terms: LossTerms | None = None, silent: bool = False, zero: bool = True) -> Pass:
+    """Zero the gradient once (zero=False: add to it), then forward + backward one response at a time (the spec), so only one response's
     graph is alive at once; logprob_batch_size > 1 runs that many per forward + backward (batch_token_log_probs):
     the same gradient up to float rounding. Every response's term comes from response_loss. A zero-variance group
     (every A_i = 0) has an exactly-zero gradient: its passes are skipped, unless a KL term gives it one."""
-    zero_gradients(params)
+    if zero:
+        zero_gradients(params)
     terms = terms or LossTerms([group_size] * len(responses) if divisors is None else divisors)
     if silent and not terms.kl_coef:
         return Pass(0.0, [None] * len(responses))
@@ -2286,11 +2315,12 @@ def next_learning_rate(scheduler, steps: int = 1) -> None:
             scheduler.step()
 
 
-def step_or_skip(group: Group, loss: float, t: Trainer) -> tuple[float, float | None]:
+def step_or_skip(slots: list[Slot], loss: float, t: Trainer) -> tuple[float, float | None]:
     """optimizer_step, the spec's: a zero-variance group too takes its AdamW step, with a zero
     gradient (momentum and weight decay still move the weights). zero_variance=skip takes none for
-    such a group: weights, AdamW moments and step count stay as they are; grad norm and update norm 0."""
-    if t.cfg.zero_variance == "skip" and group.zero_variance:
+    such a group (with P groups: when every group of the step has zero variance): weights, AdamW moments
+    and step count stay as they are; grad norm and update norm 0."""
+    if t.cfg.zero_variance == "skip" and all(s.group.zero_variance for s in slots):
         return 0.0, 0.0
     return optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.weights_before, t.state_before)
 
@@ -2427,78 +2457,111 @@ def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
 # with the other processes what it needs (their shares of the group) itself. A fault is raised where
 # it happens (agreed turns it into its message); run's loop ends every early stop in stop_run.
 
-def train_step(step: int, candidates: list[dict], draw: int, t: Trainer) -> StepRecord:
-    """One problem, one AdamW step: sample the group, score it, standardize the rewards within it,
-    backpropagate the policy loss one response at a time, clip and step, report. The spec's step is
-    candidates = [its problem], draw = step, ppo_epochs = 1 (variants: draw_group, docs/variants.md)."""
+def train_step(step: int, candidates: list[dict], draw: int, problems: int, t: Trainer) -> StepRecord:
+    """One problem (problems_per_step: P), one AdamW step: sample the group, score it, standardize the rewards within
+    it, backpropagate the policy loss one response at a time, clip and step, report. The spec's step is
+    candidates = [its problem], draw = step, problems = 1, ppo_epochs = 1 (variants: draw_groups, docs/variants.md)."""
     clock = Stopwatch(t.device)
-    problem, prompt_ids, responses, group, set_aside = draw_group(step, candidates, draw, t, clock)
-    advantages = compute_advantages(group.rewards, t.cfg.std_eps, t.cfg.advantage_std,
-                                    zero_variance=group.zero_variance)
-    credit = assign_credit(step, prompt_ids, responses, group, advantages, problem["answer"], t,  # the spec: None
-                           problem.get("record"))
-    if credit is not None:
+    slots = draw_groups(step, candidates, draw, problems, t, clock)
+    for s in slots:
+        s.advantages = compute_advantages(s.group.rewards, t.cfg.std_eps, t.cfg.advantage_std,
+                                          zero_variance=s.group.zero_variance)
+        s.credit = assign_credit(step, s.prompt_ids, s.responses, s.group, s.advantages, s.problem["answer"], t,
+                                 s.problem.get("record"))  # the spec: None
+    if slots[0].credit is not None:
         clock.lap("credit")
-    epochs, first = [], None
+    epochs = []
     for epoch in range(1, t.cfg.ppo_epochs + 1):  # the spec: one
-        done = backpropagate_group(step, prompt_ids, responses, group, advantages, t, first and first.token_log_probs,
-                                   credit)
+        done = backpropagate_step(step, slots, t)
         clock.lap("logprob_backward")
         lr = t.optimizer.param_groups[0]["lr"]
-        grad_norm, moved = step_or_skip(group, done.loss, t)
+        grad_norm, moved = step_or_skip(slots, sum(p.loss for p in done), t)
         clock.lap("optimizer")
-        epochs.append(dict(epoch_figures(epoch, done, grad_norm, moved, group, t.cfg), learning_rate=lr))
-        first = first or done
-        if moved is None:  # undone (non-finite): the group takes no further epoch
+        epochs.append(dict(epoch_figures(epoch, done, grad_norm, moved, slots, t.cfg), learning_rate=lr))
+        for s, p in zip(slots, done):
+            s.first = s.first or p
+        if moved is None:  # undone (non-finite): the step takes no further epoch
             break
     next_learning_rate(t.scheduler)
-    changes = token_changes(prompt_ids, responses, group, first, epochs, t, credit)
-    return step_report(step, problem, t.cfg, group, advantages, first.seq_log_probs, epochs, clock, set_aside, changes,
-                       credit)
+    for s in slots:
+        s.changes = token_changes(s, epochs, t)
+    return step_report(step, slots, t.cfg, epochs, clock)
 
 
-def draw_group(step: int, candidates: list[dict], draw: int, t: Trainer, clock):
-    """sample_group and score_group for candidates[0] (`draw` keys its random streams).
-    zero_variance=resample (DAPO's dynamic sampling): a zero-variance group is set aside and the next
-    candidate drawn, until one has reward variance or the candidates run out (the last is trained on).
-    Returns the problem, its prompt ids, this rank's responses, the group, the (problem, group) set aside."""
-    set_aside = []
-    for k, problem in enumerate(candidates):
-        prompt_ids = torch.tensor(problem["prompt_ids"], device=t.device)  # tokenized once, by check_problems
-        responses, cut, tree, entropies = sample_group(step, draw + k, problem, prompt_ids, t)  # this rank's share
+@dataclass
+class Slot:
+    """One problem of the step and what the step computes for it (one slot a step: the spec's)."""
+    problem: dict
+    prompt_ids: torch.Tensor
+    responses: list[torch.Tensor]  # this rank's
+    group: Group
+    set_aside: list = dataclasses.field(default_factory=list)  # (problem, group) drawn for it first (resample)
+    advantages: torch.Tensor | None = None
+    credit: Credit | None = None
+    first: Pass | None = None  # the first epoch's pass
+    changes: list | None = None  # token_report: token_changes
+
+
+def draw_groups(step: int, candidates: list[dict], draw: int, problems: int, t: Trainer, clock) -> list[Slot]:
+    """sample_groups and score_group for the step's `problems` slots: candidates[k] is drawn with draw number draw + k
+    (its place in the data, which keys its random streams), the first `problems` of them in one batched decode.
+    zero_variance=resample (DAPO's dynamic sampling): a slot whose group has zero variance sets it aside and takes
+    the next candidate (every such slot in one further decode), until its group has reward variance, it has drawn
+    resample_limit groups, or the candidates run out (the last drawn is trained on)."""
+    slots, pending, later = [None] * problems, [(k, k) for k in range(problems)], problems  # (slot, candidate)
+    while pending:
+        draws = [(draw + c, candidates[c], torch.tensor(candidates[c]["prompt_ids"], device=t.device))
+                 for _, c in pending]  # tokenized once, by check_problems
+        sampled = sample_groups(step, draws, t)  # this rank's share of each group
         clock.lap("generation")
-        group = score_group(step, responses, cut, problem["answer"], t, draw + k, tree, problem.get("record"),
-                            entropies)
+        groups = [score_group(step, responses, cut, problem["answer"], t, d, tree, problem.get("record"), entropies)
+                  for (d, problem, _), (responses, cut, tree, entropies) in zip(draws, sampled)]
         clock.lap("rewards")
-        if k == len(candidates) - 1 or not group.zero_variance:
-            return problem, prompt_ids, responses, group, set_aside
-        progress(f"[step {step}] zero-variance group of problem {problem['index']} set aside; drawing the next")
-        set_aside.append((problem, group))
+        again = []
+        for (k, _), (_, problem, prompt_ids), (responses, *_), group in zip(pending, draws, sampled, groups):
+            held = [] if slots[k] is None else slots[k].set_aside + [(slots[k].problem, slots[k].group)]
+            slots[k] = Slot(problem, prompt_ids, responses, group, held)
+            if (t.cfg.zero_variance == "resample" and group.zero_variance and later < len(candidates)
+                    and len(held) + 1 < t.cfg.resample_limit):
+                progress(f"[step {step}] zero-variance group of problem {problem['index']} set aside; drawing the next")
+                again.append((k, later))
+                later += 1
+        pending = again
+    return slots
 
 
-def epoch_figures(epoch: int, done: Pass, grad_norm: float, moved: float | None, group: Group, cfg: Config) -> dict:
+def step_loss(done: list[Pass]) -> float:
+    """The step's policy loss: its groups' losses (each already divided by P) added in slot order."""
+    loss = done[0].loss
+    for p in done[1:]:
+        loss += p.loss
+    return loss
+
+
+def epoch_figures(epoch: int, done: list[Pass], grad_norm: float, moved: float | None, slots: list[Slot],
+                  cfg: Config) -> dict:
     """One epoch's loss and norms; with kl_coef the mean k3 per token of the loss, with ppo_epochs > 1
     the fraction of the loss's tokens the clip holds (mask_truncated_completions: kept tokens only)."""
-    figures = dict(epoch=epoch, policy_loss=done.loss, grad_norm=grad_norm, update_norm=moved)
-    kept = sum(n for n, c in zip(group.tokens, group.cut) if not (cfg.mask_truncated_completions and c))
+    figures = dict(epoch=epoch, policy_loss=step_loss(done), grad_norm=grad_norm, update_norm=moved)
+    kept = sum(n for s in slots for n, c in zip(s.group.tokens, s.group.cut)
+               if not (cfg.mask_truncated_completions and c))
     if cfg.kl_coef:
-        figures["kl"] = done.kl / max(1, kept)
+        figures["kl"] = sum(p.kl for p in done) / max(1, kept)
     if cfg.ppo_epochs > 1:
-        figures["clipped_fraction"] = done.clipped / max(1, kept)
+        figures["clipped_fraction"] = sum(p.clipped for p in done) / max(1, kept)
     return figures
 
 
-def token_changes(prompt_ids, responses, group: Group, first: Pass, epochs: list[dict], t: Trainer,
-                  credit: Credit | None = None) -> list | None:
-    """token_report, for a step with reward variance whose update was taken: every response token's
+def token_changes(slot: Slot, epochs: list[dict], t: Trainer) -> list | None:
+    """token_report, for a group with reward variance whose step's update was taken: every response token's
     log-probability before the step (the first pass's) and after it (one more forward per response),
     the whole group's (gathered; rank 0 writes them to tokens.jsonl)."""
-    if not t.cfg.token_report or no_signal(group, credit) or epochs[-1]["update_norm"] is None:
+    if not t.cfg.token_report or no_signal(slot.group, slot.credit) or epochs[-1]["update_norm"] is None:
         return None
     amp = autocast(t.device, t.precision)
     with torch.no_grad():
-        after = [token_log_probs(t.model, prompt_ids, r, amp) for r in responses]
-    mine = [(r.tolist(), b.tolist(), a.tolist()) for r, b, a in zip(responses, first.token_log_probs, after)]
+        after = [token_log_probs(t.model, slot.prompt_ids, r, amp) for r in slot.responses]
+    mine = [(r.tolist(), b.tolist(), a.tolist()) for r, b, a in zip(slot.responses, slot.first.token_log_probs, after)]
     group = [x for share in gather_objects(mine) for x in share]
     return [{"token_ids": ids, "tokens": [t.tokenizer.decode([i]) for i in ids], "before": b, "after": a}
             for ids, b, a in group]
@@ -2513,39 +2576,54 @@ class StepRecord:
     tokens: list[dict] = dataclasses.field(default_factory=list)
 
 
-def step_report(step, problem, cfg, group: Group, advantages, seq_log_probs, epochs: list[dict], clock,
-                set_aside: list = (), changes: list[dict] | None = None, credit: Credit | None = None) -> StepRecord:
+def step_report(step: int, slots: list[Slot], cfg: Config, epochs: list[dict], clock) -> StepRecord:
     """The step's record. The metrics' loss and norms are the first epoch's (the spec's step); with ppo_epochs > 1
-    every epoch's are under "epochs". Groups set aside (zero_variance=resample) come first in the rollouts."""
-    first, figures = epochs[0], group_figures(cfg, group)
-    metrics = {"step": step, "problem_index": problem["index"], **{k: figures[k] for k in TABLE_FIGURES},
+    every epoch's are under "epochs"; with P problems each group's figures under "groups". Each slot's groups set
+    aside (zero_variance=resample) come before it in the rollouts."""
+    first, figures = epochs[0], step_figures(cfg, [s.group for s in slots])
+    set_aside = [x for s in slots for x in s.set_aside]
+    metrics = {"step": step, "problem_index": slots[0].problem["index"], **{k: figures[k] for k in TABLE_FIGURES},
                "policy_loss": first["policy_loss"], "grad_norm": first["grad_norm"],
                "update_norm": first["update_norm"], "skipped": any(e["update_norm"] is None for e in epochs),
                "seconds": clock.total(), **{k: v for k, v in figures.items() if k not in TABLE_FIGURES}}
     metrics.update({k: first[k] for k in ("kl", "clipped_fraction", "learning_rate") if k in first})
+    if cfg.problems_per_step > 1:
+        metrics["problems"] = [s.problem["index"] for s in slots]
+        metrics["groups"] = [dict(problem_index=s.problem["index"], **group_figures(cfg, s.group)) for s in slots]
     if cfg.ppo_epochs > 1:
         metrics["epochs"] = epochs
+    if cfg.zero_variance == "resample" or cfg.problems_per_step > 1:
+        metrics["problems_drawn"] = len(set_aside) + len(slots)
     if cfg.zero_variance == "resample":
-        metrics["problems_drawn"] = len(set_aside) + 1
         metrics["set_aside"] = [dict(problem_index=p["index"], **group_figures(cfg, g)) for p, g in set_aside]
-    if cfg.credit != "sequence":  # what the credit cost: the group's tokens and its continuations or branches
-        metrics["generated_tokens"] = credit.generated + sum(g.tree.generated if g.tree else sum(g.tokens)
-                                                             for _, g in set_aside)
+    if cfg.credit != "sequence":  # what the credit cost: the groups' tokens and their continuations or branches
+        metrics["generated_tokens"] = sum(s.credit.generated for s in slots) + sum(
+            g.tree.generated if g.tree else sum(g.tokens) for _, g in set_aside)
     metrics["timings"] = clock.timings
-    rollouts = [r for p, g in set_aside for r in group_rollouts(step, p, cfg, g, torch.zeros(len(g.texts)),
-                                                              [None] * len(g.texts), set_aside=True)]
-    mine = group_rollouts(step, problem, cfg, group, advantages, seq_log_probs)
-    for i, r in enumerate(mine if credit is not None else []):
+    rollouts, tokens = [], []
+    for s in slots:
+        rollouts += [r for p, g in s.set_aside for r in group_rollouts(step, p, cfg, g, torch.zeros(len(g.texts)),
+                                                                     [None] * len(g.texts), set_aside=True)]
+        mine = slot_rollouts(step, s, cfg)
+        rollouts += mine
+        tokens += [dict(step=step, problem_index=s.problem["index"], rollout=r["rollout"], reward=r["reward"],
+                        advantage=r["advantage"], **c, **({} if s.credit is None else
+                                                          {"token_advantages": s.credit.token_advantages[r["rollout"]]}),
+                        **({"entropy_mask": r["entropy_mask"]} if "entropy_mask" in r else {}))
+                   for r, c in zip(mine, s.changes or [])]
+    return StepRecord(metrics, rollouts, tokens)
+
+
+def slot_rollouts(step: int, s: Slot, cfg: Config) -> list[dict]:
+    """The trained group's rollouts.jsonl lines, with credit its segments, values and token advantages."""
+    mine = group_rollouts(step, s.problem, cfg, s.group, s.advantages, s.first.seq_log_probs)
+    for i, r in enumerate(mine if s.credit is not None else []):
         if cfg.credit != "sequence":
-            r.update(segments=credit.segments[i], values=credit.values[i], token_advantages=credit.token_advantages[i])
-        if credit.entropy_mask is not None:
-            r["entropy_mask"] = credit.entropy_mask[i]
-    tokens = [dict(step=step, problem_index=problem["index"], rollout=r["rollout"], reward=r["reward"],
-                   advantage=r["advantage"], **c, **({} if credit is None else
-                                                     {"token_advantages": credit.token_advantages[r["rollout"]]}),
-                   **({"entropy_mask": r["entropy_mask"]} if "entropy_mask" in r else {}))
-              for r, c in zip(mine, changes or [])]
-    return StepRecord(metrics, rollouts + mine, tokens)
+            r.update(segments=s.credit.segments[i], values=s.credit.values[i],
+                     token_advantages=s.credit.token_advantages[i])
+        if s.credit.entropy_mask is not None:
+            r["entropy_mask"] = s.credit.entropy_mask[i]
+    return mine
 
 
 TABLE_FIGURES = ("group_size", "correct", "reward_mean", "reward_std", "response_tokens")  # before the loss
@@ -2560,6 +2638,17 @@ def group_figures(cfg, group: Group) -> dict:
                 reward_std=0.0 if group.zero_variance else float(group.rewards.std(unbiased=True)),
                 response_tokens=sum(group.tokens), cut_at_limit=sum(group.cut), no_answer=statuses.count("no_answer"),
                 verifier_timeouts=statuses.count("timeout"), verifier_crashes=statuses.count("crash"))
+
+
+def step_figures(cfg: Config, groups: list[Group]) -> dict:
+    """group_figures of the step: its one group's (the spec), or with P groups their counts summed, the mean
+    reward over all their rollouts and the mean of their sample stds (0 only when every group has zero variance)."""
+    each = [group_figures(cfg, g) for g in groups]
+    if len(each) == 1:
+        return each[0]
+    return {k: sum(f[k] for f in each) for k in each[0]} | dict(
+        group_size=cfg.group_size, reward_mean=float(torch.cat([g.rewards for g in groups]).mean()),
+        reward_std=sum(f["reward_std"] for f in each) / len(each))
 
 
 def group_rollouts(step, problem, cfg, group: Group, advantages, seq_log_probs, set_aside: bool = False) -> list[dict]:
@@ -2600,7 +2689,8 @@ class RunState:
     argv: list[str]
     problems: list[dict]
     eval_set: list[dict]
-    steps: int  # optimizer steps in all: num_problems (as far as the data set goes)
+    steps: int  # optimizer steps in all: num_problems (as far as the data set goes) / problems_per_step
+    trains: int  # the problems trained on (num_problems, as far as the data set goes)
     history: list[dict] = dataclasses.field(default_factory=list)
     eval_log: list[dict] = dataclasses.field(default_factory=list)
     last_saved: int = 0
@@ -2621,7 +2711,8 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
                 try_reward_function(t.scorer, s.problems[0], cfg)
                 begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
                 s.eval_log = on_rank0(read_eval_log, s.out, eval_steps_in(od.resume_from), s.steps)
-                say(format_header(cfg.group_size, table_extras(cfg.ppo_epochs, cfg.kl_coef, cfg.credit != "sequence")))
+                say(format_header(cfg.group_size * cfg.problems_per_step, table_extras(
+                    cfg.ppo_epochs, cfg.kl_coef, cfg.credit != "sequence", cfg.problems_per_step > 1)))
                 for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
                     say(format_row(m))
                 s.started, s.first_step = time.perf_counter(), len(s.history) + 1
@@ -2669,7 +2760,8 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     buffers, reference = update_norm_buffers(params, device), load_reference(cfg, device, precision)
     t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id, buffers, reference=reference,
                 decoders=decoders)
-    s = RunState(od.path, argv, problems, list(eval_set), min(cfg.num_problems, len(problems)))
+    trains = min(cfg.num_problems, len(problems))  # load_records refuses a data set short of num_problems
+    s = RunState(od.path, argv, problems, list(eval_set), run_steps(trains, cfg), trains)
     t.scheduler = lr_scheduler(cfg, optimizer, s.steps)  # before a checkpoint's AdamW state: its base rate is cfg's
     if od.resume_from is not None:
         s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
@@ -2680,14 +2772,21 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     return t, s
 
 
-def run_candidates(s: RunState, cfg: Config) -> tuple[list[dict], int]:
-    """The problems the next step may draw, and the draw number of the first (1-based: the step's,
-    without resampling). One; with zero_variance=resample up to resample_limit, as many as the data
-    set holds beyond one problem for each step still to come (so every step has one)."""
-    drawn, to_come = problems_drawn(s.history), s.steps - len(s.history)
-    n = 1 if cfg.zero_variance != "resample" else max(1, min(cfg.resample_limit,
-                                                             len(s.problems) - drawn - (to_come - 1)))
-    return s.problems[drawn:drawn + n], drawn + 1
+def run_steps(trains: int, cfg: Config) -> int:
+    """The optimizer steps of a run that trains on `trains` problems: P a step, the last step the rest."""
+    return -(-trains // max(1, cfg.problems_per_step))  # validate_config asks for P >= 1 after calling this
+
+
+def run_candidates(s: RunState, cfg: Config) -> tuple[list[dict], int, int]:
+    """The problems the next step may draw, the draw number of the first (1-based: its place in the data) and
+    how many the step trains on (P; the last step the rest). P; with zero_variance=resample up to resample_limit
+    for each, as many as the data set holds beyond those the steps still to come take (so each has its own)."""
+    drawn, done = problems_drawn(s.history), len(s.history) * cfg.problems_per_step
+    take = min(cfg.problems_per_step, s.trains - done)
+    later = s.trains - done - take  # the problems of the steps after this one
+    n = take if cfg.zero_variance != "resample" else max(take, min(take * cfg.resample_limit,
+                                                                   len(s.problems) - drawn - later))
+    return s.problems[drawn:drawn + n], drawn + 1, take
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2703,7 +2802,7 @@ def log_step(record: StepRecord, t: Trainer, s: RunState) -> None:
     append_jsonl(s.out / "rollouts.jsonl", record.rollouts)
     s.history.append(metrics)
     say(format_row(metrics))
-    bar_advanced(s.watch.bar, 1, correct=f"{metrics['correct']}/{metrics['group_size']}")
+    bar_advanced(s.watch.bar, 1, correct=f"{metrics['correct']}/{rollouts_of(metrics)}")
     send_to_trackers(s.watch, step_scalars(metrics, s.history), metrics["step"], record.rollouts)
     bad = next((k for k, m in enumerate(reversed(s.history)) if not m["skipped"]), len(s.history))  # in a row
     if bad >= t.cfg.max_bad_steps:
@@ -2716,18 +2815,19 @@ COLUMNS = [("step", 6), ("correct/{G}", 11), ("reward mean", 13), ("sample std",
            ("response tokens", 17), ("policy loss", 13), ("grad norm", 11), ("update norm", 13),
            ("seconds", 0)]
 # Shown only when their variant is on, before the seconds: the spec's table stays as it is.
-EXTRA_COLUMNS = [("epoch", 7), ("clipped", 9), ("kl", 11), ("generated", 11)]
+EXTRA_COLUMNS = [("epoch", 7), ("clipped", 9), ("kl", 11), ("generated", 11), ("problems", 10)]
 
 
 def table_columns(extras=()) -> list[tuple[str, int]]:
     return COLUMNS[:-1] + [c for c in EXTRA_COLUMNS if c[0] in extras] + COLUMNS[-1:]
 
 
-def table_extras(ppo_epochs: int, kl_coef: float, generated: bool = False) -> list[str]:
+def table_extras(ppo_epochs: int, kl_coef: float, generated: bool = False, problems: bool = False) -> list[str]:
     """The extra columns of a run: the epoch and the clipped fraction with ppo_epochs > 1, the KL with kl_coef,
-    the tokens generated for the step (continuations and branches too) with a credit other than the spec's."""
+    the tokens generated for the step (continuations and branches too) with a credit other than the spec's, the
+    problems the step took with problems_per_step > 1 (then correct/{P x G} counts the step's rollouts)."""
     return ((["epoch", "clipped"] if ppo_epochs > 1 else []) + (["kl"] if kl_coef else [])
-            + (["generated"] if generated else []))
+            + (["generated"] if generated else []) + (["problems"] if problems else []))
 
 
 def _row(cells: list[str], columns=COLUMNS) -> str:
@@ -2749,7 +2849,7 @@ def _fixed(x: float, digits: int) -> str:
 def format_row(m: dict) -> str:
     """The step's row; with ppo_epochs > 1 one row per epoch (its loss, norms, clipped fraction and
     KL), with zero_variance=resample a marked row for each group set aside before it."""
-    extras = table_extras(len(m.get("epochs", [None])), "kl" in m, "generated_tokens" in m)
+    extras = table_extras(len(m.get("epochs", [None])), "kl" in m, "generated_tokens" in m, "problems" in m)
     columns = table_columns(extras)
     group = [str(m["correct"]), _fixed(m["reward_mean"], 3), _fixed(m["reward_std"], 6), f"{m['response_tokens']:>4d}"]
     lines = [_row([str(m["step"]), str(g["correct"]), _fixed(g["reward_mean"], 3), _fixed(g["reward_std"], 6),
@@ -2764,6 +2864,8 @@ def format_row(m: dict) -> str:
             cells.append(f"{e['kl']:.3e}")
         if "generated" in extras:
             cells.append(f"{m['generated_tokens']:>5d}" if k == 0 else "")
+        if "problems" in extras:
+            cells.append(",".join(map(str, m["problems"])) if k == 0 else "")
         lines.append(_row(cells + [f"{m['seconds']:.1f}" if k == 0 else ""], columns))
     return "\n".join(lines)
 
@@ -2771,9 +2873,9 @@ def format_row(m: dict) -> str:
 def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 1) -> str:
     """The end of the table. total_seconds: this process's time from first_step (1 unless resumed) to its
     last, evaluations and checkpoints included; the steps' own seconds count those before a resume too."""
-    n_rollouts = sum(m["group_size"] for m in metrics)
+    n_rollouts = sum(rollouts_of(m) for m in metrics)
     n_correct = sum(m["correct"] for m in metrics)
-    flat = sum(1 for m in metrics if m["reward_std"] == 0)
+    flat, groups = sum(flat_groups(m) for m in metrics), sum(len(m.get("groups", [m])) for m in metrics)
     grad_steps = [m["step"] for m in metrics if not m["skipped"] and m["grad_norm"] > 0]
     moved = [m["step"] for m in metrics if not m["skipped"] and m["update_norm"] > 0]
     skipped = [m["step"] for m in metrics if m["skipped"]]
@@ -2788,7 +2890,7 @@ def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 
     lines = [
         "", f"correct rollouts        {n_correct}/{n_rollouts} (mean reward "
             f"{n_correct / n_rollouts if n_rollouts else 0.0:.4f})",
-        f"zero-variance groups    {flat}/{len(metrics)}",
+        f"zero-variance groups    {flat}/{groups}",
         f"non-zero gradient       {len(grad_steps)} steps{listed(grad_steps)}",
         f"weights changed         {len(moved)} steps{listed(moved)}",
         f"skipped (non-finite)    {len(skipped)} steps{listed(skipped)}",
@@ -2796,10 +2898,20 @@ def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 
         f"total time              {total_time(metrics, total_seconds, first_step)}; generation {gen_tokens} tokens "
         f"at {gen_tokens / gen_seconds if gen_seconds else 0.0:.1f} tokens/s",
     ]
-    if drawn:  # zero_variance=resample
+    if drawn:  # zero_variance=resample or problems_per_step
         lines.insert(3, f"problems drawn          {sum(drawn)} for {len(metrics)} optimizer steps; "
-                        f"{sum(drawn) - len(drawn)} zero-variance groups set aside")
+                        f"{sum(drawn) - groups} zero-variance groups set aside")
     return "\n".join(lines)
+
+
+def rollouts_of(m: dict) -> int:
+    """The rollouts a step trained on: its group's (with P problems, its groups')."""
+    return m["group_size"] * len(m.get("groups", [m]))
+
+
+def flat_groups(m: dict) -> int:
+    """The step's zero-variance groups: 0 or 1 (with P problems, up to P)."""
+    return sum(g["reward_std"] == 0 for g in m.get("groups", [m]))
 
 
 def total_time(metrics: list[dict], total_seconds: float, first_step: int) -> str:
@@ -3026,15 +3138,16 @@ def tracker_ids(w: Watch | None) -> dict:
 
 def step_scalars(m: dict, history: list[dict]) -> dict[str, float]:
     """The step's numbers under TRL's names (where the meaning is the same), and the summary's counts so far."""
-    g, gen = m["group_size"], m["timings"].get("generation", 0.0)
+    g, gen = rollouts_of(m), m["timings"].get("generation", 0.0)
     scalars = {
-        "reward": m["reward_mean"], "reward_std": m["reward_std"], "frac_reward_zero_std": float(m["reward_std"] == 0),
+        "reward": m["reward_mean"], "reward_std": m["reward_std"],
+        "frac_reward_zero_std": flat_groups(m) / len(m.get("groups", [m])),
         "correct": m["correct"], "completions/mean_length": m["response_tokens"] / g,
         "completions/clipped_ratio": m["cut_at_limit"] / g, "completions/no_answer_ratio": m["no_answer"] / g,
         "loss": float(m["policy_loss"]), "grad_norm": float(m["grad_norm"]), "step_time": m["seconds"],
         "tokens_per_second": m["response_tokens"] / gen if gen > 0 else 0.0,
         "run/correct_rollouts": sum(h["correct"] for h in history),
-        "run/zero_variance_groups": sum(h["reward_std"] == 0 for h in history),
+        "run/zero_variance_groups": sum(flat_groups(h) for h in history),
         "run/skipped_steps": sum(h["skipped"] for h in history),
     }
     if m["update_norm"] is not None:  # a skipped step has none
@@ -3045,7 +3158,7 @@ def step_scalars(m: dict, history: list[dict]) -> dict[str, float]:
         scalars["learning_rate"] = m["learning_rate"]
     if "epochs" in m:  # ppo_epochs > 1: the last epoch's (the first's is always 0)
         scalars["clip_ratio/region_mean"] = m["epochs"][-1]["clipped_fraction"]
-    if "problems_drawn" in m:  # zero_variance=resample
+    if "problems_drawn" in m:  # zero_variance=resample or problems_per_step
         scalars["problems_drawn"] = m["problems_drawn"]
     return scalars
 
@@ -3916,7 +4029,7 @@ def next_record(problems: list[dict], drawn: int) -> int | None:
 
 
 def problems_drawn(history: list[dict]) -> int:
-    """The problems the steps done have drawn: one each, more with zero_variance=resample."""
+    """The problems the steps done have drawn: one each (P with problems_per_step), more with zero_variance=resample."""
     return sum(m.get("problems_drawn", 1) for m in history)
 
 

@@ -14,6 +14,8 @@ that section only). Nothing of train_rlvr is patched: each section's command lis
   train-compiled  --steps (3) steps, 8 rollouts x --new-tokens (512), compile=auto (CUDA: the compiled
                   decode, checked against eager at step 1; --cpu-compile: compile=true on the CPU),
                   TORCH_LOGS=recompiles,graph_breaks,cudagraphs
+  train-batched   train-compiled with problems_per_step=--problems-per-step (8): 8 problems' 64 rollouts in
+                  one decode a step, --steps x 8 problems; seconds_per_problem_after_first against train-compiled's
   train-eager     the same with compile=false
   eval            num_problems=0: --eval-count (32) problems, --eval-tokens (2048) new tokens at most,
                   batches of --eval-batch (16); the time for 500 extrapolated
@@ -62,8 +64,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 
-SECTIONS = ("train-compiled", "train-eager", "eval", "nccl", "train-bf16")
-SECTION_CAP = {"train-compiled": 240, "train-eager": 150, "eval": 200, "nccl": 60, "train-bf16": 200}
+SECTIONS = ("train-compiled", "train-batched", "train-eager", "eval", "nccl", "train-bf16")
+SECTION_CAP = {"train-compiled": 240, "train-batched": 240, "train-eager": 150, "eval": 200, "nccl": 60,
+               "train-bf16": 200}
 MIN_START_S = 20  # no section starts with less than this left of --time-limit (a process start, a model load)
 TINY = dict(num_hidden_layers=2, max_window_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16)
@@ -78,7 +81,7 @@ print("gpu_check peak " + json.dumps({"rss_bytes": resource.getrusage(resource.R
 sys.exit(code)
 """
 # what the table shows of a section's summary (the JSON holds all of it)
-TABLE = ("seconds_per_step", "tokens_per_s_after_first", "first_step_extra_generation_seconds",
+TABLE = ("seconds_per_step", "seconds_per_problem_after_first", "tokens_per_s_after_first", "first_step_extra_generation_seconds",
          "logprob_backward_seconds_last_step", "optimizer_seconds_last_step", "cut_at_limit_last_step",
          "compile_fallback", "problems", "tokens", "cut_at_limit", "seconds", "problems_per_s",
          "extrapolated_500_seconds", "peak_memory", "log_counts", "backend", "init_seconds", "ok")
@@ -104,6 +107,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-count", type=int, help="eval_problems (default 32, --tiny 4)")
     p.add_argument("--eval-tokens", type=int, help="eval_max_new_tokens (default 2048, --tiny 64)")
     p.add_argument("--eval-batch", type=int, help="eval_batch_size (default 16, --tiny 2)")
+    p.add_argument("--problems-per-step", type=int, default=8,
+                   help="problems_per_step of the train-batched section (train-compiled's settings otherwise)")
     p.add_argument("--kl-coef", type=float, default=0.01, help="kl_coef of the training sections (> 0: a backward)")
     p.add_argument("--sections", default=",".join(SECTIONS), help="which sections, in this order")
     p.add_argument("--time-limit", type=float, default=450.0, help="seconds; no section starts after that")
@@ -131,10 +136,11 @@ def check_args(args) -> list[str]:
                           "config.json and tokenizer files")
     if not any(f.name.startswith("tokenizer") for f in folder.iterdir()):
         raise BadArgument(f"--config-dir {folder}: no tokenizer files there; copy them beside config.json")
-    for key in ("steps", "new_tokens", "eval_count", "eval_tokens", "eval_batch"):
+    for key in ("steps", "new_tokens", "eval_count", "eval_tokens", "eval_batch", "problems_per_step"):
         if getattr(args, key) < 1:
             raise BadArgument(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
-    for flag, path, need in (("--problems", args.problems, args.steps),
+    batched = "train-batched" in args.sections.split(",")
+    for flag, path, need in (("--problems", args.problems, args.steps * (args.problems_per_step if batched else 1)),
                              ("--eval-problems", args.eval_problems, args.eval_count)):
         if T.data_builder(path) != "json" or not Path(path).is_file():
             raise BadArgument(f"{flag} {path}: no such .json/.jsonl(.gz) file (what train_rlvr reads without datasets)")
@@ -208,7 +214,9 @@ def settings(name: str, args, device, model_dir: Path, out: Path) -> list[str]:
                          f"eval_problems={args.eval_count}", f"eval_max_new_tokens={args.eval_tokens}",
                          f"eval_batch_size={args.eval_batch}"]
     compile_ = "false" if name == "train-eager" else "true" if device.type == "cpu" and args.cpu_compile else "auto"
-    return common + [f"dataset={Path(args.problems).resolve()}", f"num_problems={args.steps}",
+    per_step = args.problems_per_step if name == "train-batched" else 1  # P problems' rollouts in one decode
+    return common + [f"dataset={Path(args.problems).resolve()}", f"num_problems={args.steps * per_step}",
+                     *([f"problems_per_step={per_step}"] if per_step > 1 else []),
                      f"max_new_tokens={args.new_tokens}", f"group_size={GROUP}", f"kl_coef={args.kl_coef}",
                      f"precision={'bf16' if name == 'train-bf16' else 'auto'}", f"compile={compile_}",
                      "save_every=0", "keep_last=1"]
@@ -244,13 +252,15 @@ def summarize_train(run: Path, text: str) -> dict:
         "logprob_backward_seconds": m["timings"]["logprob_backward"], "optimizer_seconds": m["timings"]["optimizer"],
         "response_tokens": m["response_tokens"], "cut_at_limit": m["cut_at_limit"], "kl": m.get("kl"),
         "tokens_per_s": m["response_tokens"] / m["timings"]["generation"], "grad_norm": m["grad_norm"],
-        "update_norm": m["update_norm"]} for m in read_jsonl(run / "metrics.jsonl")]}
+        "update_norm": m["update_norm"], "problems": len(m.get("problems", [m["problem_index"]]))}
+        for m in read_jsonl(run / "metrics.jsonl")]}
     steps, later = s["per_step"], s["per_step"][1:] or s["per_step"]
     fallback = [line for line in text.splitlines() if "compiled decoding failed" in line]
     s.update(steps=len(steps), compile_fallback=fallback[0] if fallback else None,
              seconds_per_step=[round(p["seconds"], 3) for p in steps])
     if later:
         s["seconds_per_step_after_first"] = sum(p["seconds"] for p in later) / len(later)
+        s["seconds_per_problem_after_first"] = sum(p["seconds"] for p in later) / sum(p["problems"] for p in later)
         s["tokens_per_s_after_first"] = sum(p["response_tokens"] for p in later) / sum(
             p["generation_seconds"] for p in later)
         s["first_step_extra_generation_seconds"] = steps[0]["generation_seconds"] - sum(

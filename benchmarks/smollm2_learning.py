@@ -23,7 +23,7 @@ rollouts.jsonl):
                             arithmetic told apart from learning to stop (a response that runs on
                             is scored on its last box, the invented next question's)
   sampled pass@1            mean reward of the sampled evaluation responses, before and after
-  rollout reward            mean reward of the training rollouts of steps 1-10 and 41-50 (each
+  rollout reward            mean reward of the training rollouts of problems 1-10 and 41-50 (each
                             problem is drawn once, so these are samples on problems not yet trained on)
   seconds                   the 50 steps (metrics.jsonl), and the whole run with its evaluations
 
@@ -68,17 +68,20 @@ def read_eval(folder: Path) -> dict:
             for phase in dict.fromkeys(r["phase"] for r in records)}
 
 
-def one_run(model: Path, lr: str, seed: int, on: str, out: Path, sampled: tuple[int, int] | None) -> dict:
-    folder = out / f"lr{lr}-seed{seed}"
+def one_run(model: Path, lr: str, seed: int, on: str, out: Path, sampled: tuple[int, int] | None,
+            settings: tuple[str, ...] = ()) -> dict:
+    name = f"lr{lr}-seed{seed}" + "".join(f"-{x.replace('=', '')}" for x in settings)
+    folder = out / name
     common = [f"eval_dataset={model / (on + '.json')}", f"seed={seed}", "overwrite=true"]
     wall = run(["--config", "examples/smollm2.yaml", f"model={model}", f"dataset={model / 'train.json'}",
-                f"learning_rate={lr}", f"output_dir={folder}", *common], out / f"lr{lr}-seed{seed}.log")
+                f"learning_rate={lr}", f"output_dir={folder}", *settings, *common], out / f"{name}.log")
     summary = json.loads((folder / "eval_summary.json").read_text())
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
-    early = [r["reward"] for r in rollouts if r["step"] <= 10]
-    late = [r["reward"] for r in rollouts if r["step"] > len(metrics) - 10]
-    res = {"learning_rate": float(lr), "seed": seed, "on": on, "greedy": read_eval(folder),
+    trained = [r["reward"] for r in rollouts if not r.get("set_aside")]  # in problem order, whatever P
+    group = len(rollouts) // sum(len(m.get("problems", [0])) for m in metrics)
+    early, late = trained[:10 * group], trained[-10 * group:]  # the first and the last 10 problems' rollouts
+    res = {"learning_rate": float(lr), "seed": seed, "on": on, "settings": list(settings), "greedy": read_eval(folder),
            "paired": summary["comparison"]["paired"], "steps": len(metrics),
            "nonzero_gradient_steps": sum(m["grad_norm"] > 0 for m in metrics),
            "rollout_reward_first10": sum(early) / len(early), "rollout_reward_last10": sum(late) / len(late),
@@ -87,9 +90,9 @@ def one_run(model: Path, lr: str, seed: int, on: str, out: Path, sampled: tuple[
         k, n = sampled
         res["sampled"] = {}
         for name, which in (("before", model), ("after", folder / "final")):
-            sfolder = out / f"lr{lr}-seed{seed}-sampled-{name}"
+            sfolder = out / f"{folder.name}-sampled-{name}"
             run(["--config", "examples/smollm2.yaml", f"model={which}", "num_problems=0", f"eval_samples={k}",
-                 f"eval_problems={n}", f"output_dir={sfolder}", *common], out / f"lr{lr}-seed{seed}-sampled-{name}.log")
+                 f"eval_problems={n}", f"output_dir={sfolder}", *common], out / f"{sfolder.name}.log")
             res["sampled"][name] = read_eval(sfolder)["model"]
     return res
 
@@ -126,6 +129,8 @@ def main() -> int:
     ap.add_argument("--sampled-k", type=int, default=2, help="samples per problem of the sampled evaluation")
     ap.add_argument("--sampled-problems", type=int, default=100)
     ap.add_argument("--no-sampled", action="store_true", help="skip the sampled evaluations")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more settings of the training run (problems_per_step=4)")
     args = ap.parse_args()
     model, out = Path(args.model).resolve(), Path(args.out).resolve()
     if not (model / "config.json").is_file() or not (model / "train.json").is_file():
@@ -135,7 +140,7 @@ def main() -> int:
     for lr in args.lrs:
         for seed in args.seeds:
             results.append(one_run(model, lr, seed, args.on, out,
-                                   None if args.no_sampled else (args.sampled_k, args.sampled_problems)))
+                                   None if args.no_sampled else (args.sampled_k, args.sampled_problems), tuple(args.set)))
             (out / "results.json").write_text(json.dumps(results, indent=1))
             print(table(results[-1:]).splitlines()[-1], flush=True)
     print(table(results))

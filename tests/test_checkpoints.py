@@ -200,7 +200,7 @@ OTHER_VALUE = {
     "problem_field": "question", "answer_field": "solution", "dataset_config": "main", "answer_format": "plain",
     "start_index": 1, "prompt_template": "Solve {problem}", "group_size": 2, "temperature": 0.7, "top_p": 0.5,
     "max_new_tokens": 7, "eos_token": "</s>", "learning_rate": 2e-3, "lr_schedule": "cosine",
-    "warmup_steps": 1, "weight_decay": 0.1, "max_grad_norm": 2.0,
+    "warmup_steps": 1, "weight_decay": 0.1, "max_grad_norm": 2.0, "problems_per_step": 2,
     "std_eps": 1e-3, "advantage_std": "none", "loss_aggregation": "token_mean", "zero_variance": "skip",
     "resample_limit": 4, "format_reward": 0.1, "reward_function": "REWARDS:other", "reward_weights": "1,0.5",
     "kl_coef": 0.1, "ppo_epochs": 2, "clip_eps": 0.3, "clip_eps_high": 0.28, "mask_truncated_completions": True,
@@ -240,7 +240,7 @@ def test_a_resume_that_changes_any_setting_outside_resume_may_differ_is_refused(
     out = next(a.split("=", 1)[1] for a in args if a.startswith("output_dir="))
     capsys.readouterr()
     # a warmup needs steps after it (num_problems may differ on resume)
-    longer = ["num_problems=3"] if key == "warmup_steps" else []
+    longer = ["num_problems=3"] if key in ("warmup_steps", "problems_per_step") else []
     assert T.main([*args, "resume=auto", f"{key}={value}", *longer]) == 2
     line = one_line_error(capsys, "cannot resume")
     assert line == (f"error: cannot resume {out}/checkpoints/step-000001: these settings differ from the checkpoint's "

@@ -73,7 +73,7 @@ def one_process(tiny_model_dir, tiny_data_file, tmp_path_factory):
     return out, stdout.getvalue()
 
 
-def _assert_same_run(one, many_out, many_stdout):
+def _assert_same_run(one, many_out, many_stdout, steps=3):
     out, stdout = one
     a, b = _jsonl(out / "rollouts.jsonl"), _jsonl(many_out / "rollouts.jsonl")
     assert [(r["step"], r["rollout"], r["response"], r["reward"], r["advantage"], r["tokens"]) for r in a] == \
@@ -82,7 +82,7 @@ def _assert_same_run(one, many_out, many_stdout):
     rho = 320 * 2.0 ** -24  # the tiny vocabulary's logsumexp, the longest float32 sum of a figure
     assert all(_rel(x["sequence_log_prob"], y["sequence_log_prob"]) <= rho for x, y in zip(a, b))
     rows_a, rows_b = _rows(stdout), _rows(many_stdout)
-    assert len(rows_a) == len(rows_b) == 3
+    assert len(rows_a) == len(rows_b) == steps
     for x, y in zip(rows_a, rows_b):  # step, correct, mean, std, tokens equal; loss, grad norm, update norm close
         assert x[:5] == y[:5]
     ma, mb = _jsonl(out / "metrics.jsonl"), _jsonl(many_out / "metrics.jsonl")
@@ -128,6 +128,22 @@ def test_two_processes_give_the_one_process_run(one_process, tiny_model_dir, tin
         assert code == 0, err
         assert "step-000002 after step 2" in err
         _assert_same_run(one_process, resumed, resumed_stdout)
+
+
+def test_two_problems_a_step_on_two_sharded_processes_give_the_one_process_run(tiny_model_dir, tiny_data_file,
+                                                                                tmp_path, monkeypatch, capsys):
+    """problems_per_step=2 over 3 problems (steps of problems 0, 1 and of 2): each rank samples its share of
+    both groups in one batch; the run is the one process's."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    code, stdout, err = _in_process(_args(tiny_model_dir, tiny_data_file, one, "problems_per_step=2"), monkeypatch,
+                                    capsys)
+    assert code == 0, err
+    code, many_stdout, stderr, _ = _torchrun(_args(tiny_model_dir, tiny_data_file, two, "problems_per_step=2",
+                                                   "sharding=fsdp"))
+    assert code == 0, stderr[-3000:]
+    assert "generating 2 x 4 rollouts (problems 0, 1)" in stderr
+    _assert_same_run((one, stdout), two, many_stdout, steps=2)
+    assert [m["problems"] for m in _jsonl(two / "metrics.jsonl")] == [[0, 1], [2]]
 
 
 def test_one_process_checkpoint_of_the_previous_code_resumes_on_two_sharded_processes(tiny_model_dir, tiny_data_file,

@@ -81,7 +81,7 @@ def test_a_huge_learning_rate_ends_the_run_with_a_checkpoint_and_no_traceback(ti
 def test_nan_scores_in_generation_stop_with_a_checkpoint_never_an_out_of_range_token(
         tiny_model_dir, tiny_data_file, tmp_path, capsys, monkeypatch):
     first_rollout_wins(monkeypatch)
-    real_scores, real_pass, real_group, at = T.next_token_scores, T.prompt_pass, T.sample_group, {"step": 0}
+    real_scores, real_pass, real_group, at = T.next_token_scores, T.prompt_pass, T.sample_groups, {"step": 0}
 
     def group(step, *a, **k):
         at["step"] = step
@@ -89,7 +89,7 @@ def test_nan_scores_in_generation_stop_with_a_checkpoint_never_an_out_of_range_t
 
     def poisoned(real):  # from step 2 on, the weights give NaN scores (the prompt pass's too)
         return lambda *a, **k: real(*a, **k) * (float("nan") if at["step"] >= 2 else 1.0)
-    monkeypatch.setattr(T, "sample_group", group)
+    monkeypatch.setattr(T, "sample_groups", group)
     monkeypatch.setattr(T, "next_token_scores", poisoned(real_scores))
     monkeypatch.setattr(T, "prompt_pass", poisoned(real_pass))
     out = tmp_path / "run"

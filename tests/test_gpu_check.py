@@ -13,7 +13,7 @@ import torch
 
 from conftest import ROOT, SHARED, build_tiny_tokenizer
 
-SECTIONS = ["train-compiled", "train-eager", "eval", "nccl", "train-bf16"]
+SECTIONS = ["train-compiled", "train-batched", "train-eager", "eval", "nccl", "train-bf16"]
 
 
 def tiny_config_dir(folder):
@@ -57,7 +57,7 @@ def read_jsonl(path):
 
 def test_gpu_check_runs_every_section_on_the_cpu(tmp_path):
     out = tmp_path / "out" / "result.json"
-    cmd, vocab = check_cmd(tmp_path, "--cpu-compile", "--steps", "2", "--json", str(out),
+    cmd, vocab = check_cmd(tmp_path, "--cpu-compile", "--steps", "2", "--problems-per-step", "2", "--json", str(out),
                            "--work", str(tmp_path / "work"))
     # TORCH_COMPILE_DISABLE: the compiled sections run their code (StaticDecoder, the check) without Inductor
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TORCH_COMPILE_DISABLE="1"), capture_output=True,
@@ -72,11 +72,13 @@ def test_gpu_check_runs_every_section_on_the_cpu(tmp_path):
     logs = out.parent / "result_logs"
     assert not (tmp_path / "work" / "runs" / "train-eager").exists()  # each run's folder goes after its section
 
-    for name, compile_, precision in (("train-compiled", "true", "auto"), ("train-eager", "false", "auto"),
-                                      ("train-bf16", "true", "bf16")):
+    for name, compile_, precision in (("train-compiled", "true", "auto"), ("train-batched", "true", "auto"),
+                                      ("train-eager", "false", "auto"), ("train-bf16", "true", "bf16")):
         sec = r["sections"][name]
-        assert {f"compile={compile_}", f"precision={precision}", "num_problems=2", "max_new_tokens=8",
+        per_step = 2 if name == "train-batched" else 1  # problems_per_step: 2 problems a step, 4 in all
+        assert {f"compile={compile_}", f"precision={precision}", f"num_problems={2 * per_step}", "max_new_tokens=8",
                 "group_size=8", "kl_coef=0.01"} <= set(sec["command"])
+        assert ("problems_per_step=2" in sec["command"]) == (per_step == 2)
         s, metrics = sec["summary"], read_jsonl(logs / f"{name}.metrics.jsonl")
         assert s["steps"] == 2 and [m["step"] for m in metrics] == [1, 2]
         assert s["compile_fallback"] is None and s["log_counts"]["tracebacks"] == 0
@@ -86,13 +88,16 @@ def test_gpu_check_runs_every_section_on_the_cpu(tmp_path):
             assert p["seconds"] == m["seconds"] and p["generation_seconds"] == m["timings"]["generation"]
             assert p["response_tokens"] == m["response_tokens"] and p["cut_at_limit"] == m["cut_at_limit"]
             assert close(p["tokens_per_s"], p["response_tokens"] / p["generation_seconds"])
-            # 8 rollouts of at most 8 tokens (--tiny), each one cut at the limit holds all 8
-            assert 8 * p["cut_at_limit"] <= p["response_tokens"] <= 8 * 8 and p["cut_at_limit"] <= 8
+            # 8 rollouts a problem of at most 8 tokens (--tiny), each one cut at the limit holds all 8
+            assert p["problems"] == per_step == len(m.get("problems", [0]))
+            assert 8 * p["cut_at_limit"] <= p["response_tokens"] <= per_step * 8 * 8
+            assert p["cut_at_limit"] <= per_step * 8
             assert p["seconds"] >= p["generation_seconds"] + p["logprob_backward_seconds"] + p["optimizer_seconds"]
             assert p["logprob_backward_seconds"] > 0 and p["kl"] is not None and math.isfinite(p["kl"])
         # zero rewards everywhere; kl_coef's term alone makes the gradient: zero at step 1 (reference = policy)
         assert all(m["reward_mean"] == 0 for m in metrics) and s["per_step"][0]["grad_norm"] == 0
         later = s["per_step"][1]
+        assert close(s["seconds_per_problem_after_first"], later["seconds"] / per_step)
         assert close(s["tokens_per_s_after_first"], later["tokens_per_s"])
         assert close(s["first_step_extra_generation_seconds"],
                      s["per_step"][0]["generation_seconds"] - later["generation_seconds"])

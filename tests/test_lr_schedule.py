@@ -68,8 +68,8 @@ def test_a_run_takes_each_steps_rate_and_resumes_exactly(tiny_model_dir, tiny_da
 
 @pytest.mark.parametrize("setting, message", [
     ("lr_schedule=step", "config key 'lr_schedule' must be one of constant, linear, cosine, got 'step'"),
-    ("warmup_steps=-1", "config key 'warmup_steps' must be an integer >= 0 and below num_problems 50"),
-    ("warmup_steps=50", "config key 'warmup_steps' must be an integer >= 0 and below num_problems 50"),
+    ("warmup_steps=-1", "config key 'warmup_steps' must be an integer >= 0 and below the run's 50 steps"),
+    ("warmup_steps=50", "config key 'warmup_steps' must be an integer >= 0 and below the run's 50 steps"),
 ])
 def test_a_bad_schedule_setting_is_one_line(setting, message, capsys):
     from conftest import ROOT

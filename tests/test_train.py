@@ -735,12 +735,12 @@ def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_fi
     real, compared = T.accumulate_policy_gradient, []
 
     def against_float32(model, params, prompt, responses, adv, group_size, amp, batch_size=1, divisors=None,
-                        terms=None, silent=False):
+                        terms=None, silent=False, zero=True):
         assert terms.kl_coef == 0 and terms.old is None and terms.masked is None  # the spec's step
         twin = copy.deepcopy(model).float()
-        done = real(model, params, prompt, responses, adv, group_size, amp, batch_size, divisors, terms, silent)
+        done = real(model, params, prompt, responses, adv, group_size, amp, batch_size, divisors, terms, silent, zero=zero)
         ref = real(twin, list(twin.parameters()), prompt, responses, adv.float(), group_size, T.nullcontext(),
-                   batch_size, divisors, terms, silent)
+                   batch_size, divisors, terms, silent, zero=zero)
         assert done.loss == pytest.approx(ref.loss, rel=1e-3, abs=5e-3)
         assert done.seq_log_probs == pytest.approx(ref.seq_log_probs, rel=1e-4, abs=5e-3)
         grad = torch.cat([p.grad.float().flatten() for p in params])

@@ -166,12 +166,12 @@ def test_zero_variance_skip_leaves_weights_and_adamw_untouched_step_moves_them(t
     prompt, responses = _group()
     adv = advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
     T.accumulate_policy_gradient(model, t.params, prompt, responses, adv, 4, T.nullcontext())
-    assert T.step_or_skip(SimpleNamespace(zero_variance=False), 0.0, t)[1] > 0  # a group with variance steps in both modes
+    assert T.step_or_skip([SimpleNamespace(group=SimpleNamespace(zero_variance=False))], 0.0, t)[1] > 0  # a group with variance steps in both modes
     weights = [p.detach().clone() for p in t.params]
     state = {k: v.clone() for k, v in t.optimizer.state[t.params[0]].items()}
     zero = advantages(torch.ones(4))
     T.accumulate_policy_gradient(model, t.params, prompt, responses, zero, 4, T.nullcontext(), silent=True)
-    grad_norm, moved = T.step_or_skip(SimpleNamespace(zero_variance=True), 0.0, t)
+    grad_norm, moved = T.step_or_skip([SimpleNamespace(group=SimpleNamespace(zero_variance=True))], 0.0, t)
     after = t.optimizer.state[t.params[0]]
     assert grad_norm == 0.0
     if mode == "skip":
@@ -197,6 +197,11 @@ def test_format_bonus_needs_a_readable_box_and_eos():
 ONE_EPOCH = dict(epoch=1, policy_loss=0.0, grad_norm=0.0, update_norm=0.0)
 
 
+def _slot(problem, group, adv):
+    """The step's one problem as step_report gets it (its first pass skipped: no sequence log-probs)."""
+    return T.Slot(problem, None, [], group, advantages=adv, first=T.Pass(0.0, [None] * len(group.texts)))
+
+
 def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     _, tokenizer = tiny_model
     scores = {"a": (1.0, "2", "correct"), "b": (0.0, "3", "wrong"), "c": (0.0, None, "no_answer"),
@@ -208,7 +213,7 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     group = T.score_group(1, responses, [False, False, False, True], "2", t)  # d was cut at the limit
     assert group.rewards.tolist() == [1.5, 0.5, 0.0, 0.0]
     adv = T.compute_advantages(group.rewards, cfg.std_eps, zero_variance=group.zero_variance)
-    record = T.step_report(1, {"index": 0}, cfg, group, adv, [None] * 4, [ONE_EPOCH], T.Stopwatch(torch.device("cpu")))
+    record = T.step_report(1, [_slot({"index": 0}, group, adv)], cfg, [ONE_EPOCH], T.Stopwatch(torch.device("cpu")))
     metrics, rollouts = record.metrics, record.rollouts
     assert metrics["correct"] == 1 and metrics["reward_mean"] == 0.5
     assert [r["reward"] for r in rollouts] == [1.5, 0.5, 0.0, 0.0]
@@ -218,7 +223,7 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg)
     group = T.score_group(2, [torch.tensor(tokenizer.encode(x)) for x in "abcdefgh"], [False] * 8, "2", t)
     adv = T.compute_advantages(group.rewards, cfg.std_eps, zero_variance=group.zero_variance)
-    metrics = T.step_report(2, {"index": 1}, cfg, group, adv, [None] * 8, [ONE_EPOCH],
+    metrics = T.step_report(2, [_slot({"index": 1}, group, adv)], cfg, [ONE_EPOCH],
                             T.Stopwatch(torch.device("cpu"))).metrics
     assert group.zero_variance and group.rewards.std().item() > 0 and not adv.any() and metrics["reward_std"] == 0.0  # a zero-variance group
 
@@ -377,7 +382,8 @@ def test_the_kl_and_clipped_figures_are_means_over_the_groups_tokens(tiny_model)
     group = T.Group([""] * 4, [(0.0, None, "wrong")] * 4, lengths, [False] * 4, torch.tensor([1.0, 0.0, 1.0, 0.0]),
                     False)
     t = _pass_trainer(model, ref, kl_coef=0.3)
-    measured = T.epoch_figures(1, T.backpropagate_group(1, prompt, responses, group, adv, t), 0.0, 0.0, group, t.cfg)
+    measured = T.epoch_figures(1, [T.backpropagate_group(1, prompt, responses, group, adv, t)], 0.0, 0.0,
+                               [SimpleNamespace(group=group)], t.cfg)
     assert measured["kl"] == pytest.approx(want, rel=1e-5) and want > 0
     model.zero_grad(set_to_none=True)
     old_model = _perturbed_copy(model, scale=0.02)  # a first pass a step away: some ratios leave [0.8, 1.2]
@@ -386,8 +392,8 @@ def test_the_kl_and_clipped_figures_are_means_over_the_groups_tokens(tiny_model)
         rho = [torch.exp(_token_lps(model, prompt, r) - o) for r, o in zip(responses, old)]
     held = sum(int((((p < 0.8) & (a < 0)) | ((p > 1.2) & (a > 0))).sum()) for p, a in zip(rho, adv))
     t = _pass_trainer(model, ppo_epochs=2)
-    measured = T.epoch_figures(2, T.backpropagate_group(1, prompt, responses, group, adv, t, old), 0.0, 0.0, group,
-                               t.cfg)
+    measured = T.epoch_figures(2, [T.backpropagate_group(1, prompt, responses, group, adv, t, old)], 0.0, 0.0,
+                               [SimpleNamespace(group=group)], t.cfg)
     assert 0 < held < 16 and measured["clipped_fraction"] == held / 16
     model.zero_grad(set_to_none=True)
 
@@ -549,7 +555,7 @@ def test_token_report_before_is_the_first_pass_after_the_last_epoch(ppo_run_with
 def test_run_candidates_leave_a_problem_for_every_step_to_come():
     problems = [{"index": i} for i in range(10)]
     cfg = T.Config(zero_variance="resample", resample_limit=3)
-    s = SimpleNamespace(problems=problems, steps=4, history=[])
+    s = SimpleNamespace(problems=problems, steps=4, trains=4, history=[])
     assert [p["index"] for p in T.run_candidates(s, cfg)[0]] == [0, 1, 2] and T.run_candidates(s, cfg)[1] == 1
     s.history = [{"problems_drawn": 3}, {"problems_drawn": 3}]  # 6 drawn, 2 steps to come: 3 spare, limit 3
     assert [p["index"] for p in T.run_candidates(s, cfg)[0]] == [6, 7, 8] and T.run_candidates(s, cfg)[1] == 7
@@ -848,7 +854,7 @@ def test_a_masked_response_adds_no_kl_and_the_kl_figure_counts_kept_tokens(tiny_
     group = T.Group([""] * 4, [(0.0, None, "wrong")] * 4, list(LENGTHS), [False, True, False, True], rewards, False)
     t = _pass_trainer(model, ref, kl_coef=beta, loss_aggregation="token_mean", mask_truncated_completions=True)
     done = T.backpropagate_group(1, prompt, responses, group, adv, t)
-    figures = T.epoch_figures(1, done, 0.0, 0.0, group, t.cfg)
+    figures = T.epoch_figures(1, [done], 0.0, 0.0, [SimpleNamespace(group=group)], t.cfg)
     got = _flat([p.grad.clone() for p in params])
     model.zero_grad(set_to_none=True)
     by_hand, kl_sum = [], 0.0
@@ -933,6 +939,6 @@ def test_the_kl_and_clipped_figures_count_only_the_tokens_the_loss_keeps():
     done = T.Pass(loss=0.5, seq_log_probs=[0.0] * 4, kl=1.8, clipped=3.0)
     for mask, tokens in ((True, 9), (False, 14)):
         cfg = T.Config(group_size=4, kl_coef=0.1, ppo_epochs=2, mask_truncated_completions=mask)
-        figures = T.epoch_figures(2, done, 1.0, 0.1, group, cfg)
+        figures = T.epoch_figures(2, [done], 1.0, 0.1, [SimpleNamespace(group=group)], cfg)
         assert figures["kl"] == 1.8 / tokens and figures["clipped_fraction"] == 3.0 / tokens
         assert (figures["epoch"], figures["policy_loss"], figures["grad_norm"], figures["update_norm"]) == (2, 0.5, 1.0, 0.1)
