@@ -10,8 +10,8 @@ work per row: decode steps per second (the batch's steps over its seconds, promp
 tokens per second (rows x steps over seconds). Two models: SmolLM2-135M-Instruct (the demo's folder,
 examples/make_smollm2.py) and a model of Qwen3-0.6B-Base's exact architecture and size with random weights (its
 config and tokenizer from ../shared/qwen3-0.6b-base), in float32 on the CPU. Run it alone: a second job on a
-2-core machine makes every figure several times slower. (The whole step's seconds per problem at P > 1 need
-problems_per_step in the trainer, which is not there yet.)
+2-core machine makes every figure several times slower. The whole step's seconds per problem at P = 1, 2, 4, 8:
+benchmarks/step_seconds.py.
 """
 
 from __future__ import annotations

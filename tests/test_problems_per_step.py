@@ -74,15 +74,16 @@ def test_a_problems_rollouts_do_not_depend_on_the_problems_beside_it_in_the_batc
     assert [r.tolist() for r in together[0][0]] != [r.tolist() for r in together[1][0]]
 
 
-def _run(tiny_model_dir, tiny_data_file, out, monkeypatch, capsys, *extra, flat=()):
-    """A run of 4 problems whose rollout 0 is right, except the problems whose answers are in `flat` (all wrong)."""
+def _run(tiny_model_dir, tiny_data_file, out, monkeypatch, capsys, *extra, flat=(), err=False):
+    """A run of 4 problems whose rollout 0 is right, except the problems whose answers are in `flat` (all wrong).
+    Returns its stdout (err: and its stderr)."""
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
         verdict(i == 0 and gold not in flat) for i in range(len(texts))])
     code = T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=4", "learning_rate=1e-3",
                             "save_every=1", "keep_last=5", *extra))
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    return captured.out
+    return captured.out + (captured.err if err else "")
 
 
 def test_two_problems_a_step_take_one_adamw_step_each_and_the_first_rollouts_match_one_a_step(
@@ -138,15 +139,17 @@ def test_zero_variance_skip_and_resample_act_per_group(tiny_model_dir, tiny_data
     assert _jsonl(skip / "metrics.jsonl")[0]["update_norm"] > 0
     assert _jsonl(tmp_path / "skip2" / "metrics.jsonl")[0]["update_norm"] == 0.0  # both groups flat: no AdamW step
     out = _run(tiny_model_dir, tiny_data_file, tmp_path / "resample", monkeypatch, capsys, "problems_per_step=2",
-               "zero_variance=resample", "resample_limit=3", flat=("2", "4"))
+               "zero_variance=resample", "resample_limit=2", flat=("0", "2", "4"), err=True)
     m = _jsonl(tmp_path / "resample" / "metrics.jsonl")
-    # slot 2 of step 1 draws 1 ("2", flat), then 2 ("4", flat), then 3: the limit of 3 groups was not reached
-    assert m[0]["problems"] == [0, 3] and m[0]["problems_drawn"] == 4
-    assert [g["problem_index"] for g in m[0]["set_aside"]] == [1, 2]
+    # step 1: problems 0 and 1 are flat; both slots refill in one decode (2 and 3); slot 1's 2 is flat too, but it
+    # has drawn resample_limit 2 groups, so it trains on 2
+    assert "generating 2 x 4 rollouts (problems 0, 1)" in out and "generating 2 x 4 rollouts (problems 2, 3)" in out
+    assert m[0]["problems"] == [2, 3] and m[0]["problems_drawn"] == 4
+    assert [g["problem_index"] for g in m[0]["set_aside"]] == [0, 1]
     assert m[1]["problems"] == [4, 5]
     rollouts = _jsonl(tmp_path / "resample" / "rollouts.jsonl")
     assert [(r["problem_index"], r.get("set_aside", False)) for r in rollouts[:16:4]] == \
-           [(0, False), (1, True), (2, True), (3, False)]
+           [(0, True), (2, False), (1, True), (3, False)]
     assert "problems drawn          6 for 2 optimizer steps; 2 zero-variance groups set aside" in out
 
 
