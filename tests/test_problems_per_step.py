@@ -139,18 +139,22 @@ def test_zero_variance_skip_and_resample_act_per_group(tiny_model_dir, tiny_data
     assert _jsonl(skip / "metrics.jsonl")[0]["update_norm"] > 0
     assert _jsonl(tmp_path / "skip2" / "metrics.jsonl")[0]["update_norm"] == 0.0  # both groups flat: no AdamW step
     out = _run(tiny_model_dir, tiny_data_file, tmp_path / "resample", monkeypatch, capsys, "problems_per_step=2",
-               "zero_variance=resample", "resample_limit=2", flat=("0", "2", "4"), err=True)
+               "zero_variance=resample", "resample_limit=2", flat=("0", "2"), err=True)
     m = _jsonl(tmp_path / "resample" / "metrics.jsonl")
-    # step 1: problems 0 and 1 are flat; both slots refill in one decode (2 and 3); slot 1's 2 is flat too, but it
-    # has drawn resample_limit 2 groups, so it trains on 2
+    # step 1: problems 0 and 1 are flat; both slots refill in one decode, with 2 and 3
     assert "generating 2 x 4 rollouts (problems 0, 1)" in out and "generating 2 x 4 rollouts (problems 2, 3)" in out
     assert m[0]["problems"] == [2, 3] and m[0]["problems_drawn"] == 4
-    assert [g["problem_index"] for g in m[0]["set_aside"]] == [0, 1]
-    assert m[1]["problems"] == [4, 5]
+    assert [g["problem_index"] for g in m[0]["set_aside"]] == [0, 1] and m[1]["problems"] == [4, 5]
     rollouts = _jsonl(tmp_path / "resample" / "rollouts.jsonl")
     assert [(r["problem_index"], r.get("set_aside", False)) for r in rollouts[:16:4]] == \
            [(0, True), (2, False), (1, True), (3, False)]
     assert "problems drawn          6 for 2 optimizer steps; 2 zero-variance groups set aside" in out
+    # resample_limit is each slot's: problems 1 and 2 flat, slot 1 draws 1 then 2 and trains on 2 (its limit
+    # of 2 groups), though slot 0 left its draws unused and the step's candidates hold 3 (with variance)
+    _run(tiny_model_dir, tiny_data_file, tmp_path / "limit", monkeypatch, capsys, "problems_per_step=2",
+         "zero_variance=resample", "resample_limit=2", flat=("2", "4"))
+    m = _jsonl(tmp_path / "limit" / "metrics.jsonl")
+    assert m[0]["problems"] == [0, 2] and m[0]["problems_drawn"] == 3 and m[1]["problems"] == [3, 4]
 
 
 @pytest.mark.parametrize("setting, fragment", [
