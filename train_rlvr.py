@@ -9,10 +9,12 @@ response at a time, clip the gradient and take one AdamW step. One table row per
 With eval_problems > 0 it also evaluates the model on MATH-500 (greedy by default) before step 1
 and after the last step, and prints a before/after table; num_problems=0 evaluates a model only.
 
-Read top to bottom: settings, data and prompt, the model, then the spec's moves in their order (rollouts,
-rewards, advantages, log-probabilities and loss, optimizer step), then the step and the loop (train_step,
-run). After run, the machinery they call by name: logging and trackers, evaluation, checkpoints and the
-output folder, faults and signals, processes (torchrun), main.
+Read top to bottom: the settings, the data and prompt, then the spec's moves in the order a step runs them
+(rollouts, rewards, advantages and the credit methods' formulas, log-probabilities and loss, optimizer step),
+then the step and the loop (train_step, run): the spec's path, in its first 1,300 lines. After run, the
+machinery they call by name: the run's start, config reading and validation, data readers, the model,
+decoders, the tree's sampling, the reward function, the optimizer step's undo, logging and trackers,
+evaluation, checkpoints and the output folder, faults and signals, processes (torchrun), main.
 """
 
 from __future__ import annotations
@@ -64,17 +66,9 @@ SPEC_PROMPT = (
     "Answer the question and write the final result on a new line as:\n"
     "\\boxed{ANSWER}\n\nQuestion:\n{problem}\n\nAnswer:"
 )
+
 MATH_TRAIN_URL = ("https://raw.githubusercontent.com/rasbt/math_full_minus_math500/"
                   "refs/heads/main/math_full_minus_math500.json")
-PRECISIONS = ("auto", "fp32", "bf16-autocast", "bf16")
-ADVANTAGE_STDS = ("group", "none")                                            # see compute_advantages
-LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  # see loss_divisors
-ZERO_VARIANCES = ("step", "skip", "resample")                                 # see step_or_skip, draw_groups
-CREDITS = ("sequence", "monte_carlo", "tree")                                 # see assign_credit
-CREDIT_SCALES = ("auto", "raw", "group", "whiten")                            # see scale_changes
-TREE_WEIGHTINGS = ("leaf", "once")                                            # see tree_values
-ANSWER_FORMATS = ("auto", "plain", "gsm8k", "boxed")                          # see reference_answer
-LR_SCHEDULES = ("constant", "linear", "cosine")                               # see lr_scheduler
 
 
 @dataclass
@@ -156,268 +150,6 @@ class Config:
     report_to: str = "none"
 
 
-# Keys that may differ between a checkpoint and the run that resumes it: none of them changes a
-# number of the steps already taken. Every other key does, and a difference is refused.
-RESUME_MAY_DIFFER = frozenset({"output_dir", "save_every", "keep_last", "resume", "overwrite", "verifier_timeout",
-                               "num_problems", "max_bad_steps", "eval_batch_size", "sharding", "dist_timeout",
-                               "report_to"})
-
-
-class UserError(Exception):
-    """A mistake in the config, the data or the command line: one line to stderr, exit status 2."""
-
-
-def load_config(argv: list[str] | None = None) -> Config | Path:
-    """YAML file, then key=value overrides from the command line; every value typed and checked (--plot: its folder)."""
-    parser = argparse.ArgumentParser(description="RLVR training: one AdamW step per problem.")
-    parser.add_argument("--config", help="YAML file of settings (default: config.yaml)")
-    parser.add_argument("--plot", metavar="FOLDER", help="draw FOLDER/run.png from a run's logs, and stop")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting of the YAML")
-    args = parser.parse_args(argv)
-    if args.plot:  # main draws it, from the logs alone: a setting would be silently ignored
-        extra = args.overrides + ([f"--config {args.config}"] if args.config else [])
-        if extra:
-            raise UserError(f"--plot draws a finished run's pictures from its logs and takes no settings (got "
-                            f"{extra[0]}); run: python train_rlvr.py --plot {args.plot}")
-        return Path(args.plot)
-    values = read_config_file(Path(args.config or "config.yaml"), explicit=args.config is not None)
-    for item in args.overrides:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise UserError(f"command-line setting '{item}' must look like key=value")
-        try:
-            values[key] = yaml.load(raw, Loader=ConfigLoader) if raw else ""
-        except yaml.YAMLError:
-            values[key] = raw
-        if isinstance(values[key], (dict, list)) or values[key] is None:
-            values[key] = raw
-
-    types = {f.name: f.type for f in dataclasses.fields(Config)}
-    unknown = sorted(set(values) - set(types))
-    if unknown:
-        raise UserError(f"unknown config key '{unknown[0]}'; known keys: {', '.join(types)}")
-    type_of = {"str": str, "int": int, "float": float, "bool": bool}
-    cfg = Config(**{k: _coerce(k, v, type_of[types[k]]) for k, v in values.items()})
-    validate_config(cfg)
-    check_trackers(cfg)
-    warn_ignored(cfg)
-    return cfg
-
-
-class ConfigLoader(yaml.SafeLoader):
-    """YAML 1.1 reads 4:2 as the base-60 number 242 (and 1:30.5 as 90.5): no setting is written that way, so a
-    value with a colon stays the text the user wrote, and a message about it quotes that text."""
-
-    def resolve(self, kind, value, implicit):
-        tag = super().resolve(kind, value, implicit)
-        numbers = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
-        return "tag:yaml.org,2002:str" if kind is yaml.ScalarNode and ":" in value and tag in numbers else tag
-
-
-# Settings that act only when another has a certain value: (key, whether it acts, the setting it needs).
-ACTS_ONLY_WITH = [
-    ("tree_branching", lambda c: c.credit == "tree", "credit=tree"),
-    ("credit_samples", lambda c: c.credit == "monte_carlo", "credit=monte_carlo"),
-    ("credit_segment_tokens", lambda c: c.credit != "sequence", "credit=monte_carlo or credit=tree"),
-    ("credit_scale", lambda c: c.credit != "sequence", "credit=monte_carlo or credit=tree"),
-    ("tree_weighting", lambda c: c.credit == "tree", "credit=tree"),
-    ("resample_limit", lambda c: c.zero_variance == "resample", "zero_variance=resample"),
-    ("clip_eps", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
-    ("clip_eps_high", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
-]
-
-
-def warn_ignored(cfg: Config) -> None:
-    """A setting changed from its default where it does nothing is said once, before the run starts."""
-    default = Config()
-    for key, acts, needs in ACTS_ONLY_WITH:
-        if getattr(cfg, key) != getattr(default, key) and not acts(cfg):
-            progress(f"warning: {key}={getattr(cfg, key)} is ignored: it acts only with {needs}")
-
-
-def read_config_file(path: Path, explicit: bool) -> dict:
-    if not path.exists():
-        if explicit:
-            raise UserError(f"config file {path} not found; pass an existing file to --config")
-        progress("no config.yaml here: using the built-in defaults (the spec's setup)")
-        return {}
-    try:
-        values = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}")
-    except UnicodeDecodeError as e:
-        raise UserError(f"config file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
-                        f"{e.start}); save it as UTF-8")
-    except OSError as e:  # a folder, unreadable, ...
-        raise UserError(f"config file {path} cannot be read ({e.strerror or e}); pass a YAML file to --config")
-    if not isinstance(values, dict):
-        raise UserError(f"config file {path} must hold 'key: value' lines")
-    return values
-
-
-def _coerce(key: str, value, typ: type):
-    """Turn a YAML or command-line value into the field's type, or raise a UserError naming the key."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
-        return value
-    if typ is float and number:
-        return float(value)
-    if typ is bool and isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if typ in (int, float) and isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
-        with suppress(ValueError):
-            return typ(value)
-    if typ is str and (number or isinstance(value, bool)):  # a numeric revision; YAML reads compile: true as a bool
-        return str(value).lower() if isinstance(value, bool) else str(value)
-    raise UserError(f"config key '{key}' must be {typ.__name__}, got {value!r}")
-
-
-def validate_config(cfg: Config) -> None:
-    checks = [
-        ("group_size", 2 <= cfg.group_size <= 65536, "an integer in [2, 65536] (advantages need a sample std)"),
-        ("temperature", cfg.temperature > 0, "a number > 0"),
-        ("top_p", 0 < cfg.top_p <= 1, "a number in (0, 1]"),
-        ("max_new_tokens", 1 <= cfg.max_new_tokens <= 2**20, "an integer in [1, 1048576]"),
-        ("num_problems", cfg.num_problems >= 0, "an integer >= 0 (0: evaluation only)"),
-        ("problems_per_step", 1 <= cfg.problems_per_step <= max(1, cfg.num_problems),
-         f"an integer in [1, num_problems {cfg.num_problems}] (the problems of one optimizer step)"),
-        ("problems_per_step", cfg.problems_per_step == 1 or cfg.credit != "tree",
-         "1 with credit: tree (a tree grows one problem's group at a time; monte_carlo and sequence take several)"),
-        ("start_index", cfg.start_index >= 0, "an integer >= 0"),
-        # AdamW turns lr / (1 - beta1**t) and lr * weight_decay into float32 scalars: beyond ~3e38 it raises
-        ("learning_rate", 0 < cfg.learning_rate <= 1e37, "a number in (0, 1e37] (AdamW's step size is a float32)"),
-        ("weight_decay", 0 <= cfg.weight_decay and cfg.learning_rate * cfg.weight_decay <= 1e37,
-         "a number >= 0 with learning_rate * weight_decay <= 1e37"),
-        ("max_grad_norm", cfg.max_grad_norm > 0, "a number > 0"),
-        ("lr_schedule", cfg.lr_schedule in LR_SCHEDULES, "one of " + ", ".join(LR_SCHEDULES)),
-        ("warmup_steps", 0 <= cfg.warmup_steps and (cfg.warmup_steps < run_steps(cfg.num_problems, cfg)
-                                                    or cfg.num_problems == 0),
-         f"an integer >= 0 and below the run's {run_steps(cfg.num_problems, cfg)} steps (num_problems / "
-         "problems_per_step: at or beyond it the learning rate would never reach learning_rate)"),
-        # a value that rounds to 0 in float32 (the rewards' dtype) would make zero-variance groups 0/0 = NaN
-        ("std_eps", 0 < float(torch.tensor(cfg.std_eps, dtype=torch.float32)) < math.inf,
-         "a number > 0 that float32 can hold (>= 1e-45; it keeps a zero-variance group from dividing by 0)"),
-        ("advantage_std", cfg.advantage_std in ADVANTAGE_STDS, "one of " + ", ".join(ADVANTAGE_STDS)),
-        ("loss_aggregation", cfg.loss_aggregation in LOSS_AGGREGATIONS, "one of " + ", ".join(LOSS_AGGREGATIONS)),
-        ("zero_variance", cfg.zero_variance in ZERO_VARIANCES, "one of " + ", ".join(ZERO_VARIANCES)),
-        ("resample_limit", 1 <= cfg.resample_limit <= 1024, "an integer in [1, 1024] (groups drawn per step)"),
-        ("format_reward", 0 <= cfg.format_reward <= 1e6, "a number in [0, 1e6] (0: off)"),
-        ("answer_format", cfg.answer_format in ANSWER_FORMATS, "one of " + ", ".join(ANSWER_FORMATS)),
-        ("eval_answer_format", cfg.eval_answer_format in ANSWER_FORMATS, "one of " + ", ".join(ANSWER_FORMATS)),
-        *reward_checks(cfg),
-        ("kl_coef", 0 <= cfg.kl_coef <= 1e6, "a number in [0, 1e6] (0: no KL term, no reference model)"),
-        ("ppo_epochs", 1 <= cfg.ppo_epochs <= 64, "an integer in [1, 64] (optimizer steps per group)"),
-        ("clip_eps", 0 < cfg.clip_eps < 1, "a number in (0, 1) (the ratio is clipped to [1 - eps, 1 + eps])"),
-        ("clip_eps_high", 0 <= cfg.clip_eps_high <= 10, "0 (equal to clip_eps) or a number in (0, 10] (DAPO: 0.28)"),
-        ("credit", cfg.credit in CREDITS, "one of " + ", ".join(CREDITS)),
-        ("credit_segment_tokens", 1 <= cfg.credit_segment_tokens <= 2**20, "an integer in [1, 1048576]"),
-        ("credit_samples", 1 <= cfg.credit_samples <= 256, "an integer in [1, 256] (continuations at each cut)"),
-        ("credit_scale", cfg.credit_scale in CREDIT_SCALES, "one of " + ", ".join(CREDIT_SCALES)),
-        ("tree_weighting", cfg.tree_weighting in TREE_WEIGHTINGS, "one of " + ", ".join(TREE_WEIGHTINGS)),
-        ("tree_branching", cfg.credit != "tree" or math.prod(tree_levels(cfg.tree_branching) or [0]) == cfg.group_size,
-         f"integers >= 2 separated by commas whose product is group_size {cfg.group_size} (e.g. 2,2,2 for 8)"),
-        ("top_entropy_quantile", 0 < cfg.top_entropy_quantile <= 1, "a number in (0, 1] (1: every token)"),
-        ("seed", 0 <= cfg.seed < 2**63, "an integer in [0, 2**63) (torch's seeds are 64-bit)"),
-        ("compile", cfg.compile in ("auto", "true", "false"), "auto, true or false"),
-        ("logprob_batch_size", cfg.logprob_batch_size >= 1, "an integer >= 1"),
-        # the worker's poll timer takes up to ~24 days (2**31 ms); a day is more than any answer needs
-        ("verifier_timeout", 0 < cfg.verifier_timeout <= 86400, "a number of seconds in (0, 86400]"),
-        ("bad_records", cfg.bad_records in ("stop", "skip"), "stop or skip"),
-        ("sharding", cfg.sharding in ("auto", "replicate", "fsdp"), "auto, replicate or fsdp"),
-        ("dist_timeout", 0 < cfg.dist_timeout <= 86400, "a number of seconds in (0, 86400]"),
-        ("max_bad_steps", cfg.max_bad_steps >= 1, "an integer >= 1"),
-        ("save_every", cfg.save_every >= 0, "an integer >= 0 (0: only after the last step)"),
-        ("keep_last", cfg.keep_last >= 1, "an integer >= 1"),
-        ("precision", cfg.precision in PRECISIONS, "one of " + ", ".join(PRECISIONS)),
-        ("device", cfg.device == "cpu" or cfg.device.split(":")[0] == "cuda", "cpu, cuda or cuda:N"),
-        ("prompt_template", cfg.prompt_template.count("{problem}") >= 1, "a text with a {problem} placeholder (each one is replaced)"),
-        ("model", cfg.model.strip() != "", "a hub id or a local folder"),
-        ("dataset", cfg.dataset.strip() != "", "a hub name, a URL or a local JSON/JSONL/Parquet file"),
-        ("output_dir", cfg.output_dir.strip() != "", "a folder path"),
-        ("report_to", cfg.report_to == "none" or set(trackers_named(cfg)) <= set(TRACKERS),
-         "none or one or more of " + ", ".join(TRACKERS) + ", separated by commas"),
-        *eval_checks(cfg),
-    ]
-    for f in dataclasses.fields(cfg):
-        if f.type == "float" and not math.isfinite(getattr(cfg, f.name)):
-            raise UserError(f"config key '{f.name}' must be a finite number, got {getattr(cfg, f.name)!r}")
-    for key, ok, want in checks:
-        if not ok:
-            raise UserError(f"config key '{key}' must be {want}, got {getattr(cfg, key)!r}")
-
-
-def reward_checks(cfg: Config) -> list[tuple[str, bool, str]]:
-    """reward_function and reward_weights, in validate_config's (key, ok, what it must be) form."""
-    if not cfg.reward_function:
-        return [("reward_weights", not cfg.reward_weights, "empty without a reward_function (it weighs the "
-                 "verifier's reward against the function's)")]
-    path, name = reward_file(cfg)
-    return [("reward_function", path.endswith(".py") and name.isidentifier(),
-             "path/to/file.py:function_name (the function is called as name(response, answer, record) -> float)"),
-            ("reward_function", Path(path).is_file(),
-             f"an existing file: {cfg.reward_function.rpartition(':')[0]} is not one"),
-            ("reward_weights", not cfg.reward_weights or reward_weights(cfg.reward_weights) is not None,
-             "empty (the function alone) or two finite numbers 'v,f', not both 0: v * the verifier's reward + f * "
-             "the function's")]
-
-
-def reward_weights(text: str) -> tuple[float, float] | None:
-    """reward_weights' (verifier, function) weights ("1,0.5" -> (1.0, 0.5)), None when it is not two finite numbers
-    or both are 0 (every reward 0: nothing could learn)."""
-    try:
-        weights = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        return None
-    return weights if len(weights) == 2 and all(map(math.isfinite, weights)) and any(weights) else None
-
-
-def tree_levels(branching: str) -> list[int] | None:
-    """tree_branching's branches per level ("2,2,2" -> [2, 2, 2]), None when it is not integers >= 2."""
-    try:
-        levels = [int(x) for x in branching.split(",")]
-    except ValueError:
-        return None
-    return levels if levels and all(b >= 2 for b in levels) else None
-
-
-def eval_checks(cfg: Config) -> list[tuple[str, bool, str]]:
-    """The evaluation settings' checks, in validate_config's (key, ok, what it must be) form."""
-    return [
-        ("eval_problems", cfg.eval_problems >= 0, "an integer >= 0 (0: no evaluation)"),
-        ("eval_problems", cfg.eval_problems >= 1 or cfg.num_problems >= 1,
-         "an integer >= 1 when num_problems is 0 (evaluation only)"),
-        ("eval_dataset", cfg.eval_dataset.strip() != "", "a hub name, a URL or a local JSON/JSONL/Parquet file"),
-        ("eval_max_new_tokens", cfg.eval_max_new_tokens >= 1, "an integer >= 1"),
-        ("eval_batch_size", cfg.eval_batch_size >= 1, "an integer >= 1 (problems decoded together)"),
-        ("eval_samples", cfg.eval_samples >= 1, "an integer >= 1 (1: greedy)"),
-        ("eval_temperature", cfg.eval_temperature > 0, "a number > 0"),
-        ("eval_top_p", 0 < cfg.eval_top_p <= 1, "a number in (0, 1]"),
-        ("eval_every", cfg.eval_every >= 0, "an integer >= 0 (0: before and after only)"),
-        ("resume", not (cfg.resume and cfg.num_problems == 0), "empty with num_problems 0 (evaluation only runs once)"),
-    ]
-
-
-def resolve_device(cfg: Config) -> torch.device:
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("device is 'cuda' but this machine has no CUDA GPU; "
-                        "run with device=cpu (python train_rlvr.py device=cpu) or set device: cpu in config.yaml")
-    if cfg.device == "cuda" and launched_world() > 1:  # torchrun: one GPU per process
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device(cfg.device)
-
-
-def resolve_precision(cfg: Config, device: torch.device) -> str:
-    # float32 master weights by default: at lr 1e-5 most single AdamW updates of a bfloat16 weight
-    # (8 bits of mantissa) round away to nothing. bf16 autocast makes the CUDA forward passes fast.
-    if cfg.precision == "auto":
-        return "bf16-autocast" if device.type == "cuda" else "fp32"
-    return cfg.precision
-
-
-def autocast(device: torch.device, precision: str):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-autocast" else nullcontext()
-
-
 # ----------------------------------------------------------------------------------------------
 # Data and prompt
 
@@ -438,453 +170,8 @@ def build_prompt(template: str, problem: str) -> str:
     return template.replace("{problem}", problem)
 
 
-def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
-                   max_new_tokens: int | None = None, setting: str = "dataset") -> list[dict]:
-    """Refuse (bad_records: stop) or leave out (skip), before training, the records that cannot be used:
-    an empty or non-text problem; an empty, list, object or boolean answer (numbers become text); an
-    answer whose reference cannot be read in its answer_format; a prompt that with max_new_tokens (the
-    eval set: eval_max_new_tokens) overflows the model's context. Says once how the references were read."""
-    budget, budget_key = (cfg.max_new_tokens, "max_new_tokens") if max_new_tokens is None else (
-        max_new_tokens, "eval_max_new_tokens")
-    format_key = "answer_format" if setting == "dataset" else "eval_answer_format"
-    answer_format = getattr(cfg, format_key)
-    good, bad, too_long, forms = [], [], [], Counter()
-    for p in problems:
-        answer = p["answer"]
-        if not isinstance(p["problem"], str) or not p["problem"].strip():
-            bad.append(f"{setting} record {p['index']}: '{cfg.problem_field}' is not a non-empty text")
-        elif isinstance(answer, bool) or not isinstance(answer, (str, int, float, type(None))):
-            # str() of a list or a boolean ("['5']", "True") can never match a response: a silent zero reward
-            kind = {bool: "boolean", list: "list", dict: "object"}.get(type(answer), type(answer).__name__)
-            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is a JSON {kind} ({str(answer)[:40]}), "
-                       "not a text or a number (write several answers as one text, e.g. \"3, 5\")")
-        elif answer is None or str(answer).strip() == "":
-            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is empty")
-        elif (reference := reference_answer(answer, answer_format))[0] is None:
-            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' has no {ANSWER_FORMS[reference[1]]} "
-                       f"to read the reference from ({format_key} {answer_format}: {str(answer)[-40:]!r})")
-        else:
-            ids = tokenizer(build_prompt(cfg.prompt_template, p["problem"]), add_special_tokens=False)["input_ids"]
-            n = len(ids)
-            if n + budget > context:
-                too_long.append(len(bad))
-                bad.append(f"{setting} record {p['index']}: its prompt has {n} tokens, and with {budget_key} "
-                           f"{budget} it exceeds the model's context of {context}")
-            else:
-                forms[reference[1]] += 1
-                good.append(dict(p, answer=reference[0], prompt_ids=ids, extracted=reference[0] != str(answer)))
-    if bad and cfg.bad_records == "stop":
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        first = f"lower {budget_key}" if too_long[:1] == [0] else "fix the data"  # the fix for bad[0] comes first
-        move = ", move start_index" if setting == "dataset" else ""
-        raise UserError(f"{bad[0]}{more}; {first}{move}, or set bad_records: skip")
-    for msg in bad:
-        progress(f"skipping {msg}")
-    if not good:
-        raise UserError(f"no {setting} record is usable; fix the data or the settings above")
-    progress(f"{setting} answers ({format_key} {answer_format}): " + ", ".join(
-        f"{ANSWER_FORMS[form]} in {n}" for form, n in forms.most_common()) + f" of {len(good)} records")
-    return good
-
-
-ANSWER_FORMS = {"plain": "the field as written", "gsm8k": "text after the last '####'", "boxed": "last \\boxed{}"}
-
-
-def reference_answer(value, answer_format: str) -> tuple[str | None, str]:
-    """The reference answer an answer field holds, and the form it was read in (None: there is none):
-    plain: the field as written (a number as its text); gsm8k: the text after the last '####' of a
-    worked solution (GSM8K: "... 48 + 24 = 72\\n#### 72"); boxed: the content of the last \\boxed{} of a
-    worked solution (MATH's solution field), read by the verifier's own extraction. auto: gsm8k where
-    the text holds '####', boxed where it holds a \\boxed{} or \\fbox{}, else plain (short answers)."""
-    text = str(value)
-    form = answer_format
-    if form == "auto":
-        form = "gsm8k" if "####" in text else "boxed" if "\\boxed" in text or "\\fbox" in text else "plain"
-    if form == "gsm8k":
-        _, sep, after = text.rpartition("####")
-        return (after.strip() or None) if sep else None, form
-    if form == "boxed":
-        return verifier.extract_final_answer(text), form
-    return text, form
-
-
-def load_records(source: str, split: str, fields: dict[str, str], start: int, count: int,
-                 setting: str = "dataset", count_keys: tuple[str, ...] = ("start_index", "num_problems"),
-                 up_to: int = 0, config: str = "") -> list[dict]:
-    """Records start .. start + count - 1 (up_to > count: up to that many, as far as the data set goes) of
-    a hub name (its configuration `config`), URL, local copy of a hub set (a folder) or local
-    .json/.jsonl(.gz)/.parquet file, in file order, each a dict of all its fields plus "index" (its
-    place in the file). Every record must have the `fields` (setting -> field name)."""
-    end = start + count
-    if config and data_builder(source):
-        raise UserError(f"{setting}_config {config!r} names a configuration of a hub set, and {setting} {source} is a "
-                        f"file, which has none; set {setting}_config to empty (or {setting} to the hub set)")
-    if data_builder(source) == "json" and Path(source).is_file():  # read only as far as the run needs
-        rows = read_json_records(Path(source), setting, max(end, start + up_to))
-        names = list(dict.fromkeys(k for r in rows for k in r))
-        rows = [{k: r.get(k) for k in names} for r in rows]  # every field in every record, as datasets gives them
-    else:
-        rows = open_dataset(source, split, setting, config)
-        names = rows.column_names
-    if len(rows) == 0:  # else the field check below would name a field, and a fix, that are not the problem
-        raise no_records(f"{setting} file {source}" if Path(source).is_file() else f"{setting} {source} (split "
-                         f"{split})", setting)
-    for key, field in fields.items():
-        if field not in names:
-            raise UserError(f"{setting} has no field '{field}' (set {key}); its fields are: {', '.join(names)}")
-    if len(rows) < end:
-        raise UserError(f"{setting} has {len(rows)} records but {' + '.join(count_keys)} = {end}; "
-                        f"lower {' or '.join(reversed(count_keys))}")
-    return [dict(rows[i], index=i) for i in range(start, max(end, min(start + up_to, len(rows))))]
-
-
-def no_records(what: str, setting: str) -> UserError:
-    return UserError(f"{what} holds no records; point {setting} at a data set with problems in it")
-
-
-DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".json.gz": "json", ".jsonl.gz": "json", ".parquet": "parquet"}
-
-
-def data_builder(source: str) -> str | None:
-    """The datasets builder for a file name or URL ("json" reads .gz too), None for a hub name."""
-    name = source.split("?")[0].lower()
-    return next((b for suffix, b in DATA_SUFFIXES.items() if name.endswith(suffix)), None)
-
-
-MAX_RECORD_BYTES = 4 << 20  # one record of a data file: a problem of 4 MiB fits no model's context anyway
-READ_CHUNK = 1 << 16
-
-
-def check_data_path(path: Path, what: str) -> None:
-    if path.is_dir():
-        raise UserError(f"{what} {path} is a folder; set it to a .json/.jsonl/.json.gz/.jsonl.gz/.parquet file")
-    if path.stat().st_size == 0:
-        raise UserError(f"{what} file {path} is empty; point it at a file of records")
-
-
-def read_json_records(path: Path, what: str, stop: int) -> list[dict]:
-    """The first `stop` records of a local JSON array, JSON Lines or one-object (one record) file, read
-    only as far as they go, each at most MAX_RECORD_BYTES: a huge file or line costs neither time nor
-    memory. Damage (not UTF-8, not JSON, a record over the limit) is one line naming file and place."""
-    check_data_path(path, what)
-    try:
-        with (gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")) as f:
-            first = b""
-            while not first.strip() and (chunk := f.read(READ_CHUNK)):
-                first = chunk.lstrip()[:1]
-            if not first:
-                raise no_records(f"{what} file {path}", what)
-            f.seek(0)
-            return (json_array_records if first == b"[" else json_lines_records)(f, path, what, stop)
-    except (OSError, EOFError) as e:  # a damaged gzip stream (BadGzipFile is an OSError)
-        raise UserError(f"{what} file {path} is not a readable {'gzip ' if path.suffix == '.gz' else ''}file ({e}); "
-                        "re-download or unpack it") from None
-
-
-def _utf8(raw: bytes, path: Path, what: str, line: int) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _not_utf8(path, what, raw[e.start], line + raw.count(b"\n", 0, e.start)) from None
-
-
-def _not_utf8(path: Path, what: str, byte: int, line: int) -> UserError:
-    return UserError(f"{what} file {path} is not UTF-8 text (byte {byte:#04x} on line {line}); save it as UTF-8")
-
-
-def _too_long(path: Path, what: str, where: str) -> UserError:
-    return UserError(f"{what} file {path}: {where} is over {MAX_RECORD_BYTES >> 20} MiB, the most one record may "
-                     "take; write one problem with its answer per record (JSON Lines: one record a line)")
-
-
-def json_lines_records(f, path: Path, what: str, stop: int) -> list[dict]:
-    records, number = [], 0
-    while len(records) < stop and (line := f.readline(MAX_RECORD_BYTES + 1)):
-        number += 1
-        if len(line) > MAX_RECORD_BYTES:
-            raise _too_long(path, what, f"line {number}")
-        if not line.strip():
-            continue
-        text = _utf8(line, path, what, number)
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            if number == 1 and text.lstrip()[:1] == "{":  # one object over several lines: one record
-                return [json_document(text + _utf8(f.read(MAX_RECORD_BYTES), path, what, 2), path, what)]
-            raise UserError(f"{what} file {path} line {number} is not a JSON record ({e.msg}, column {e.colno}); "
-                            "fix or remove that line") from None
-        records.append(_record(record, path, what, f"line {number}"))
-    return records
-
-
-def json_document(text: str, path: Path, what: str) -> dict:
-    if len(text.encode()) > MAX_RECORD_BYTES:
-        raise _too_long(path, what, "its one JSON object")
-    try:
-        return _record(json.loads(text), path, what, "its JSON object")
-    except json.JSONDecodeError as e:
-        raise UserError(f"{what} file {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
-
-
-def json_array_records(f, path: Path, what: str, stop: int) -> list[dict]:
-    """The elements of a JSON array, decoded one at a time from a window of the file."""
-    w, records = JsonWindow(f, path, what), []
-    w.more()
-    w.pos = w.text.index("[") + 1
-    if w.skip_space() == "]":
-        return records
-    while len(records) < stop:
-        w.skip_space()
-        records.append(_record(w.next_value(f"record {len(records)}"), path, what, f"record {len(records)}"))
-        sep = w.skip_space()
-        if sep == "]":
-            break
-        if sep != ",":
-            w.fail("Expecting ',' delimiter" if sep else "Expecting ']'", w.pos)
-        w.pos += 1
-    return records
-
-
-class JsonWindow:
-    """The part of a JSON file being decoded (text from pos on), read on a chunk at a time; the UTF-8
-    decoding is incremental (a character split between two chunks is whole in the next), and
-    lines_before counts the newlines already dropped, for the line numbers of messages."""
-
-    def __init__(self, f, path: Path, what: str):
-        self.f, self.path, self.what = f, path, what
-        self.decoder, self.utf8 = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8")()
-        self.text, self.pos, self.lines_before, self.eof = "", 0, 0, False
-
-    def more(self) -> bool:
-        if self.eof:
-            return False
-        chunk = self.f.read(READ_CHUNK)
-        self.eof = not chunk
-        self.lines_before += self.text.count("\n", 0, self.pos)
-        try:
-            new = self.utf8.decode(chunk, final=not chunk)
-        except UnicodeDecodeError as e:
-            line = self.lines_before + self.text.count("\n", self.pos) + chunk.count(b"\n", 0, e.start) + 1
-            raise _not_utf8(self.path, self.what, chunk[e.start], line) from None
-        self.text, self.pos = self.text[self.pos:] + new, 0
-        return bool(chunk)
-
-    def skip_space(self) -> str:
-        """The next character that is not white space ("": the end of the file)."""
-        while True:
-            while self.pos < len(self.text) and self.text[self.pos].isspace():
-                self.pos += 1
-            if self.pos < len(self.text) or not self.more():
-                return self.text[self.pos:self.pos + 1]
-
-    def next_value(self, where: str):
-        """The JSON value at pos (pos moves past it), reading on while the window holds only part of it."""
-        while True:
-            try:
-                value, end = self.decoder.raw_decode(self.text, self.pos)
-                break
-            except json.JSONDecodeError as e:  # incomplete in this window, or invalid: read on to tell
-                if len(self.text) - self.pos > MAX_RECORD_BYTES:
-                    raise _too_long(self.path, self.what, where) from None
-                if self.eof:
-                    self.fail(e.msg, e.pos)
-                self.more()
-        if end - self.pos > MAX_RECORD_BYTES:
-            raise _too_long(self.path, self.what, where)
-        self.pos = end
-        return value
-
-    def fail(self, message: str, at: int):
-        line = self.lines_before + self.text.count("\n", 0, at) + 1
-        column = at - self.text.rfind("\n", 0, at)
-        raise UserError(f"{self.what} file {self.path} is not valid JSON: {message} at line {line}, column {column}")
-
-
-def _record(value, path: Path, what: str, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise UserError(f"{what} file {path}: {where} is a JSON {type(value).__name__}, not an object of fields; "
-                        "each record must be {\"problem\": ..., \"answer\": ...}")
-    return value
-
-
-def network_problem(source: str) -> str | None:
-    """Why a URL or hub name cannot be fetched, if the cause is the network: the host does not resolve."""
-    host = urlparse(source).hostname if "://" in source else "huggingface.co"
-    try:
-        socket.getaddrinfo(host, 443)
-    except OSError as e:
-        return f"no network: cannot resolve {host} ({e.strerror or e})"
-    return None
-
-
-def missing_local_path(value: str) -> str | None:
-    """Why a value not on disk is read as a local path, not a hub id (`name`, `org/name`): it starts with
-    `.`, `/` or `~`, ends with `/`, holds a backslash or two `/`, or its first part is a folder here
-    (`runs/dmeo` beside runs/): a typo named at once, not sent to the hub. None: it may be a hub id."""
-    if Path(value).expanduser().exists() or value.startswith(("http://", "https://")):
-        return None
-    parts = value.split("/")
-    if value.startswith((".", "/", "~")) or value.endswith("/") or "\\" in value or len(parts) > 2:
-        return "read as a path: a hub id is org/name"
-    if len(parts) == 2 and Path(parts[0]).expanduser().is_dir():
-        return f"read as a path, since {parts[0]}/ is a folder here"
-    return None
-
-
-@contextmanager
-def hub_offline(offline: bool):
-    """With no network, the hub libraries read their local cache only and give up at once: no
-    retries, no messages (datasets and huggingface_hub check these flags at each call)."""
-    import huggingface_hub.constants as hub
-    flags = [m for m in (hub, sys.modules.get("datasets.config")) if m is not None] if offline else []
-    saved = [m.HF_HUB_OFFLINE for m in flags]
-    for m in flags:
-        m.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        for m, value in zip(flags, saved):
-            m.HF_HUB_OFFLINE = value
-
-
-def local_copy_hint(what: str, source: str) -> str:
-    """An offline copy of the default data sets (only for them), where the checkout has ../shared/data beside it."""
-    name = {("dataset", MATH_TRAIN_URL): "math_train.jsonl.gz",
-            ("eval_dataset", Config.eval_dataset): "math500_test.json"}.get((what, source))
-    copy = Path(__file__).resolve().parent.parent / "shared" / "data" / (name or "-")
-    return f", e.g. {what}={min(os.path.relpath(copy), str(copy), key=len)}" if name and copy.is_file() else ""
-
-
-def open_dataset(source: str, split: str, what: str = "dataset", config: str = ""):
-    """A datasets.Dataset from a hub name (its configuration `config`, when the set has several), a URL,
-    a local copy of a hub set (a folder: its README's configurations, or its data files) or a local
-    .parquet file; every failure a one-line UserError naming the source and the fix. (Local JSON
-    files: read_json_records.)"""
-    import datasets
-    datasets.disable_progress_bars()
-    builder, is_url, local = data_builder(source), source.startswith(("http://", "https://")), Path(source)
-    if not is_url and local.exists():
-        if builder is None and not local.is_dir():
-            raise UserError(f"{what} file {source} is not a .json/.jsonl/.json.gz/.jsonl.gz/.parquet file")
-        if not local.is_dir():
-            check_data_path(local, what)
-    elif builder and not is_url:
-        raise UserError(f"{what} file {source} not found; set {what}: to an existing file, a URL or a hub name")
-    elif not is_url and missing_local_path(source):
-        raise UserError(f"{what} {source}: no such file or folder ({missing_local_path(source)}); set {what}: to "
-                        "an existing file or folder, a URL or a hub name")
-    hub_name = not builder and not is_url and not local.exists()
-    offline = network_problem(source) if hub_name else None  # asked once, up front: the hub client would retry
-    try:
-        if builder:
-            return datasets.load_dataset(builder, data_files=source, split="train")
-        with hub_offline(offline is not None):  # a cached copy still loads
-            return datasets.load_dataset(source, split=split, **({"name": config} if config else {}))
-    except Exception as e:  # network, hub or format problems: one line, not a traceback
-        if local.is_file() and "corresponds to no data" in str(e):  # datasets' words for a file of 0 rows
-            raise no_records(f"{what} file {source}", what) from None
-        if configs := re.search(r"(?:available configs|Available): (\[.*?\])", str(e)):  # missing or unknown
-            raise UserError(f"{what} {source} has several configurations, {configs[1]}, "
-                            + (f"and none is called {config!r}" if config else "and no default") +
-                            f"; set {what}_config to one of them") from None
-        offline = offline or (None if local.exists() else network_problem(source))
-        if offline:
-            raise UserError(f"could not load {what} {source!r}: {offline}; connect to the internet, or download it "
-                            f"and set {what}: to the local file{local_copy_hint(what, source)}")
-        detail = str(e).splitlines()[0] if str(e) else ""
-        raise UserError(f"could not load {what} {source!r}: {type(e).__name__}: {detail}")
-
-
 # ----------------------------------------------------------------------------------------------
-# The model
-
-def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    if missing_local_path(cfg.model):
-        raise UserError(f"model {cfg.model}: no such folder ({missing_local_path(cfg.model)}); set model: to a "
-                        "local model folder or a hub id")
-    # no network: asked once, up front; then only the local hub cache is read (the hub client would retry ~50 s)
-    offline = None if Path(cfg.model).expanduser().exists() else network_problem("https://huggingface.co")
-    local = {"local_files_only": True} if offline else {}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model, revision=cfg.revision, **local)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, dtype=dtype, **local)
-    except Exception as e:  # missing, unreachable, truncated or foreign files: one line, not a traceback
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-        hint = "set model: to a hub id or a local folder"
-        if offline:
-            detail = "it is not in the local hub cache"
-            hint = f"{offline}; connect, or set model: to a local folder of the model (config, tokenizer, weights)"
-        raise UserError(f"could not load model {cfg.model!r} at revision {cfg.revision!r}: {detail}; {hint}") from None
-    eos_id = resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
-    warn_if_not_model_eos(model, tokenizer, cfg, eos_id)
-    return shard_model(model, device).eval(), tokenizer, eos_id
-
-
-def resolve_eos_id(tokenizer, cfg: Config, vocab_size: int) -> int:
-    # An unknown token maps to the unk id, whose text differs (Qwen's unk token IS <|endoftext|>).
-    eos_id = tokenizer.convert_tokens_to_ids(cfg.eos_token)
-    if eos_id is None or eos_id >= vocab_size or tokenizer.convert_ids_to_tokens(eos_id) != cfg.eos_token:
-        raise UserError(f"eos_token {cfg.eos_token!r} is not a token of {cfg.model}; set eos_token to its EOS")
-    return eos_id
-
-
-def warn_if_not_model_eos(model, tokenizer, cfg: Config, eos_id: int) -> None:
-    """eos_token is a real token but not one the model ends its texts with: every rollout would run to
-    max_new_tokens. Allowed (a prompt format may stop at its own marker), but said once."""
-    ends = getattr(model.generation_config, "eos_token_id", None)
-    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
-    if ends and eos_id not in ends:
-        names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} (id {i})" for i in ends)
-        progress(f"warning: eos_token {cfg.eos_token!r} (id {eos_id}) is not the EOS of {cfg.model}'s generation "
-                 f"config ({names}); rollouts that never produce it run to max_new_tokens")
-
-
-def load_reference(cfg: Config, device: torch.device, precision: str) -> torch.nn.Module | None:
-    """kl_coef > 0: the frozen reference, the starting weights (a resumed run's too: resume refuses another
-    model or revision): `model` loaded again from the local files, no gradient, sharded like the policy.
-    One more copy of the weights (Qwen3-0.6B: 2.4 GB float32, 1.2 GB bf16; fsdp: 1/world of it)."""
-    if not cfg.kl_coef:
-        return None
-    from transformers import AutoModelForCausalLM
-    progress(f"loading the reference model for the KL term (kl_coef {cfg.kl_coef})")
-    reference = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, local_files_only=True,
-                                                     dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
-    reference.requires_grad_(False)
-    return shard_model(reference, device).eval()
-
-
-def check_memory(cfg: Config, model, problems: list[dict], device: torch.device) -> None:
-    """Refuse up front a group that cannot fit: the KV cache of group_size rollouts of the longest prompt
-    + max_new_tokens (keys and values, every layer, 2 bytes each at least) plus one decode step's float32
-    scores. A lower bound, so it never refuses a run that could fit: a failure deep in step 1 becomes one line."""
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    length = max(len(p["prompt_ids"]) for p in problems) + cfg.max_new_tokens
-    rows = cfg.group_size * cfg.problems_per_step  # problems_per_step: every group of the step in one batch
-    need = rows * (length * c.num_hidden_layers * 2 * kv_heads * head_dim * 2 + 3 * c.vocab_size * 4)
-    have = available_memory(device)
-    if need > have:
-        what = f"group_size {cfg.group_size}" + (f" x problems_per_step {cfg.problems_per_step}"
-                                                 if cfg.problems_per_step > 1 else "")
-        raise UserError(f"{what} with max_new_tokens {cfg.max_new_tokens} needs at least "
-                        f"{need / 1e9:.1f} GB on {device} for generation, but {have / 1e9:.1f} GB are available; "
-                        f"lower group_size{', problems_per_step' if cfg.problems_per_step > 1 else ''} or max_new_tokens")
-
-
-def available_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    with suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 1 << 62  # unknown: do not refuse
-
+# Rollouts
 
 @dataclass
 class Trainer:
@@ -906,9 +193,6 @@ class Trainer:
     warned: set = dataclasses.field(default_factory=set)  # the warnings said once a run (warn_once)
     scheduler: object = None  # lr_schedule or warmup_steps: transformers' LambdaLR over the optimizer (lr_scheduler)
 
-
-# ----------------------------------------------------------------------------------------------
-# Rollouts
 
 def sample_groups(step: int, draws: list[tuple[int, dict, torch.Tensor]], t: Trainer) -> list[tuple]:
     """This rank's rollouts of each (draw, problem, prompt ids)'s group (rank_share; one process: all of them), every group of
@@ -955,123 +239,6 @@ def generate_rollouts(model, prompt_ids: torch.Tensor | list[torch.Tensor], cfg:
     with weight_cast_cache(amp, prompts[0].device.type):
         return compiled_or_eager(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, cfg, streams, "rollouts",
                                  decoders=decoders, entropies=entropies)
-
-
-@dataclass
-class Tree:
-    """credit=tree: the group sampled as a tree. Leaf i (rollout i, in order) is the path of child indices
-    leaf_paths(levels)[i]; its response is the segments of the nodes along that path, segment k (starting at
-    token segments[i][k]) the node at depth k. A node that ended (EOS or max_new_tokens) has no more segments:
-    the leaves under it are copies of it."""
-    leaves: list[list[int]]      # each leaf's response tokens
-    cut: list[bool]              # each leaf cut at max_new_tokens (no EOS)
-    segments: list[list[int]]    # each leaf's segment starts
-    generated: int               # tokens sampled for the tree, those cut off at a segment's end included
-    entropies: list[list[float]] | None = None  # each leaf token's entropy from the sampler (top_entropy_quantile)
-
-
-def leaf_paths(levels: list[int]) -> list[tuple[int, ...]]:
-    return list(itertools.product(*(range(b) for b in levels)))
-
-
-@torch.no_grad()
-def generate_tree(model, tokenizer, prompt_ids: torch.Tensor, cfg: Config, eos_id: int, draw: int, amp,
-                  record_entropies: bool = False, share_prompt: bool = True) -> Tree:
-    """credit=tree (SPO-tree, TreeRPO): the group's rollouts as a tree that branches tree_branching[k] ways at
-    depth k. Every node is one segment, sampled from prompt + its parent's tokens with the run's sampler and its
-    own random stream (seed, draw, path): at most credit_segment_tokens tokens, cut at the last line or sentence
-    end in them (segment_end; the rest is dropped), except at the last depth, which runs to EOS or
-    max_new_tokens. One batched decode per depth; the prompt's pass runs once for the whole tree (share_prompt:
-    its keys and values are repeated to every row of every depth, which then reads only its parent's tokens;
-    False runs prompt + parent for every row, the same tokens up to float rounding)."""
-    levels, device = tree_levels(cfg.tree_branching), prompt_ids.device
-    nodes = {(): (prompt_ids.new_empty(0), False)}  # path -> (the tokens from the response's start, ended)
-    entropy = {(): []}  # path -> the entropies of its tokens (record_entropies)
-    prompt = shared_prompt_state(model, prompt_ids, amp) if share_prompt else None
-    starts, frontier, generated = {}, [()], 0
-    for depth, branches in enumerate(levels):
-        last = depth == len(levels) - 1
-        children = [path + (c,) for path in frontier for c in range(branches)]
-        live = [p for p in children if not nodes[p[:-1]][1]]
-        rooms = [cfg.max_new_tokens - len(nodes[p[:-1]][0]) for p in live]
-        outs, ents = [], [] if record_entropies else None
-        if live:
-            streams = [torch.Generator(device=device).manual_seed(stream_seed(cfg.seed, "tree", draw, *p)) for p in live]
-            longest = max(rooms) if last else min(cfg.credit_segment_tokens, max(rooms))
-            parents = [nodes[p[:-1]][0] for p in live]
-            outs, _ = decode(model, [torch.cat([prompt_ids, t]) for t in parents], longest, eos_id,
-                             sampling_pick(streams, cfg.temperature, cfg.top_p, device), amp, drop_finished=True,
-                             entropies=ents, prefilled=prompt and after_prompt(model, prompt, parents, amp))
-        sampled = dict(zip(live, zip(outs, rooms, ents or [[]] * len(outs))))
-        for p in children:
-            tokens, ended = nodes[p[:-1]]
-            starts[p], entropy[p] = len(tokens), entropy[p[:-1]]
-            if not ended:
-                out, room, ent = sampled[p]
-                generated += len(out)
-                out = out[:room]
-                stopped = len(out) > 0 and int(out[-1]) == eos_id
-                if not last and not stopped:
-                    out = out[:segment_end([tokenizer.decode([i]) for i in out.tolist()], 0, cfg.credit_segment_tokens,
-                                           whole=False)]
-                tokens, entropy[p] = torch.cat([tokens, out]), entropy[p] + ent[:len(out)]
-                ended = last or stopped or len(tokens) >= cfg.max_new_tokens
-            nodes[p] = (tokens, ended)
-        frontier = children
-    leaves = [nodes[p][0] for p in frontier]
-    segments = [[starts[p[:k + 1]] for k in range(len(p)) if starts[p[:k + 1]] < len(nodes[p][0])] for p in frontier]
-    return Tree([r.tolist() for r in leaves], [not (len(r) and int(r[-1]) == eos_id) for r in leaves], segments,
-                generated, [entropy[p] for p in frontier] if record_entropies else None)
-
-
-def warn_tree_copies(step: int, tree: Tree, t: Trainer) -> None:
-    # A response that ends before the tree's last level leaves its node's other leaves copies of it: on a task of
-    # one-line answers (one segment) the 2,2,2 tree is 2 samples copied 4 times, and learns from far less. The
-    # warning names the cause its numbers show: responses that ended with EOS, or that reached max_new_tokens.
-    cfg, levels = t.cfg, tree_levels(t.cfg.tree_branching)
-    distinct = {path[:len(seg)]: i for i, (path, seg) in enumerate(zip(leaf_paths(levels), tree.segments))}
-    if len(distinct) == len(tree.leaves):
-        return
-    short = [i for path, i in distinct.items() if len(path) < len(levels)]
-    cut = [i for i in short if tree.cut[i]]
-    causes = []
-    if len(cut) < len(short):
-        shorter = ("lower credit_segment_tokens, use fewer levels" if cfg.credit_segment_tokens > 1
-                   else "use fewer levels")
-        causes.append(f"{len(short) - len(cut)} ended with EOS after at most "
-                      f"{max(len(tree.leaves[i]) for i in short if not tree.cut[i])} tokens ({shorter}, or "
-                      "credit=sequence)")
-    if cut:
-        causes.append(f"{len(cut)} reached max_new_tokens={cfg.max_new_tokens} (raise max_new_tokens, or use fewer "
-                      "levels)")
-    warn_once(t, "tree copies", f"warning: step {step}: credit=tree: the group holds {len(distinct)} distinct "
-              f"responses of {len(tree.leaves)}: of the responses that ended before the tree's last level "
-              f"({len(levels)} levels of at most credit_segment_tokens={cfg.credit_segment_tokens} tokens), whose "
-              f"copies fill the other leaves, {' and '.join(causes)} (said once a run)")
-
-
-def segment_end(pieces: list[str], start: int, limit: int, whole: bool = True) -> int:
-    """Where a segment that starts at token `start` ends (exclusive), the pieces being the tokens' texts: after
-    at most `limit` tokens, at the last line end or sentence end inside them (after a token holding a newline,
-    or ending in . ! or ? with the next token opening with white space), else after `limit` tokens. whole: the
-    pieces are the whole response, so a segment that reaches their end ends there."""
-    end = min(start + limit, len(pieces))
-    if whole and end == len(pieces):
-        return end
-    for k in range(end, start, -1):  # a cut after token k - 1
-        piece, after = pieces[k - 1], pieces[k] if k < len(pieces) else " "
-        if "\n" in piece or (piece.endswith((".", "!", "?")) and after[:1].isspace()):
-            return k
-    return end
-
-
-def segment_starts(pieces: list[str], limit: int) -> list[int]:
-    """The token index where each segment of a response starts (segment_end, from token 0 to its end)."""
-    starts, k = [], 0
-    while k < len(pieces):
-        starts.append(k)
-        k = segment_end(pieces, k, limit)
-    return starts
 
 
 def rollout_streams(seed: int, step: int, rollouts, device) -> list[torch.Generator]:
@@ -1190,16 +357,6 @@ def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return mask
 
 
-def top_p_reference(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Kept-token mask of transformers' TopPLogitsWarper: sort ascending, drop the tokens whose
-    cumulative probability is <= 1 - top_p, always keep the most likely one."""
-    sorted_scores, order = torch.sort(scores, descending=False)
-    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-    remove = cumulative <= (1 - top_p)
-    remove[..., -1:] = False
-    return ~remove.scatter(-1, order, remove)
-
-
 def sorted_values(scores: torch.Tensor) -> torch.Tensor:
     """Each row's values in ascending order: what torch.sort(scores).values holds (tied tokens have
     equal values, so their order cannot show). On CPU, numpy's vectorized sort of the values alone
@@ -1215,481 +372,6 @@ def sampler_on_host(device) -> bool:
     costs nothing. On CUDA such a branch stops the host until the GPU catches up (a sync), so the
     CUDA path takes none (the tests run it on CPU tensors by making this False)."""
     return torch.device(device).type == "cpu"
-
-
-# The decoding machinery: one decode loop for rollouts and evaluation, eager or compiled.
-
-def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, cfg: Config,
-                      streams: list[torch.Generator], use: str, rows: int | None = None,
-                      decoders: Decoders | None = None, entropies: list | None = None):
-    """decode() through the compiled StaticDecoder of `use` (held by `decoders`) when the `compile`
-    setting asks for it, checked against eager decoding at its first generation; eager after any
-    failure, for the rest of the run. Eager evaluation drops ended rows; the compiled one keeps its
-    shape (`rows`: the batch is filled up to that many rows, so the last batch takes the same graph)."""
-    shared = use == "rollouts" and share_prompt_pass(model, prompts, amp, decoders)
-    if decoders is not None and decoders.failed is None and compile_decode(cfg, prompts[0].device):
-        states = [g.get_state() for g in streams]
-        try:
-            decoder = decoders.get(model, amp, use)
-            check_compiled_decode(decoder, model, prompts, max_new_tokens, amp, rows)
-            return decode(model, prompts, max_new_tokens, eos_id, pick, amp, decoder=decoder, rows=rows,
-                          shared=shared, entropies=entropies)
-        except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
-            raise
-        except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
-            decoders.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            decoders.static.clear()
-            progress(f"compiled decoding failed ({decoders.failed}); decoding eagerly from now on "
-                     "(compile: false skips the attempt)")
-            for g, state in zip(streams, states):  # the eager retry draws the same random numbers
-                g.set_state(state)
-            if entropies is not None:
-                entropies.clear()
-    return decode(model, prompts, max_new_tokens, eos_id, pick, amp, drop_finished=use == "eval", shared=shared,
-                  entropies=entropies)
-
-
-def share_prompt_pass(model, prompts: list[torch.Tensor], amp, decoders: Decoders | None) -> bool:
-    """Whether the rollouts' prompt pass runs once for the whole group (prompt_pass; a run's Decoders keep the
-    answer, a call without them runs every row's). In float32 its numbers must be the batched pass's bit for
-    bit: compared once a run, at the first group (one batched pass more); where they differ (a BLAS whose
-    kernels depend on the number of rows), every row's prompt runs as before, and the run says so. In bf16
-    the decode paths differ by ulps already: shared without a check."""
-    if decoders is None or len(prompts) < 2 or any(p is not prompts[0] for p in prompts) or RANKS.sharding == "fsdp":
-        return False  # fsdp: its root forward must come first (FSDP2's lazy init), and each rank holds a few rows
-    if decoders.shared_prompt is not None:
-        return decoders.shared_prompt
-    low = isinstance(amp, torch.autocast) or next(model.parameters()).dtype != torch.float32
-    decoders.shared_prompt = low or same_prompt_pass(model, torch.stack(prompts), amp)
-    if not decoders.shared_prompt:
-        progress("the prompt's pass run once differs in its last bits from the pass over every row on this machine; "
-                 "each rollout's prompt is run (slower, the same numbers)")
-    return decoders.shared_prompt
-
-
-@torch.no_grad()
-def same_prompt_pass(model, batch: torch.Tensor, amp) -> bool:
-    """Whether prompt_pass gives the same logits, keys and values shared as batched, bit for bit."""
-    from transformers import DynamicCache
-    caches = [DynamicCache(config=model.config) for _ in range(2)]
-    with amp:
-        logits = [prompt_pass(model, batch, c, cache_arg(model), shared) for c, shared in zip(caches, (True, False))]
-    return torch.equal(*logits) and all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-                                        for a, b in zip(*(c.layers for c in caches)))
-
-
-def prompt_pass(model, batch: torch.Tensor, cache, cache_name: str, shared: bool = False, **padding) -> torch.Tensor:
-    """The prompt's forward pass into `cache`: each row's next-token logits. `shared` (the rollouts: one prompt in
-    every row) runs the prompt once, 1/rows of the work, and repeats its keys and values to every row; the LM head
-    still runs on all the rows together, as the batched pass's does (a BLAS may round one row apart otherwise)."""
-    if not shared:
-        return next_token_scores(model, batch, cache, cache_name, **padding)
-    decoder = model.get_decoder()
-    hidden = decoder(batch[:1], **{cache_arg(decoder): cache}, use_cache=True).last_hidden_state[:, -1:]
-    cache.batch_repeat_interleave(len(batch))
-    return model.get_output_embeddings()(hidden.expand(len(batch), -1, -1).contiguous())[:, -1]
-
-
-CHECK_EVERY = 8  # on a GPU decode asks whether every row is done (and the scores finite) every this many tokens
-HOST_CHECK_EVERY = 1  # on the CPU: every token
-
-
-def check_every(device) -> int:
-    """How often decode asks whether every row is done: on a GPU every CHECK_EVERY tokens (each answer stops the
-    host until the GPU catches up); on the CPU, where the answer is already on the host, at every token, so a
-    group stops at its last EOS and not up to 7 decode steps of the whole batch later (SmolLM2's 18-token
-    groups ran 24). The responses are the same either way: ended rows are fed EOS and cut at their first."""
-    return HOST_CHECK_EVERY if sampler_on_host(device) else CHECK_EVERY
-
-
-def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp,
-           decoder: StaticDecoder | None = None, drop_finished: bool = False, rows: int | None = None,
-           shared: bool = False, entropies: list | None = None, prefilled: tuple | None = None):
-    """The one decode loop: row i continues prompts[i], one token per step chosen by pick(logits, rows),
-    until every row has emitted EOS or max_new_tokens; returns responses_of the tokens. A finished row
-    is fed EOS, so the batch keeps its shape and numbers; the host checks for the end every check_every
-    tokens (on a GPU one sync per CHECK_EVERY tokens). drop_finished (eager evaluation) drops ended rows
-    at those checks (pick then gets the rows' original indices); a compiled `decoder` keeps every row,
-    filled up to `rows`. shared: every row is one prompt, whose pass runs once (prompt_pass). prefilled: the
-    prompts' pass already run (after_prompt: eager_decoder's four). entropies: a list that receives each response
-    token's entropy, -sum p log p of the scores that drew it (the distribution the loss trains: no temperature)."""
-    n, device = len(prompts), prompts[0].device
-    safe_id = max(eos_id, 0)  # a valid token id (the pad id), fed in place of ids drawn from unusable scores
-    if decoder is not None:
-        batch, mask, positions = filled_batch(prompts, rows, safe_id)
-        logits = decoder.prefill(batch, max_new_tokens, mask, positions, shared=shared and mask is None)
-        step = decoder.step
-    elif prefilled is not None:
-        logits, step, cache, padding = prefilled
-    else:
-        batch, mask, positions = left_padded(prompts, safe_id)
-        logits, step, cache, padding = eager_decoder(model, batch, mask, positions, amp, shared=shared)
-    width = len(logits)
-    record = None if entropies is None else torch.full((width, max_new_tokens), math.nan, device=device)
-    tokens = torch.full((width, max_new_tokens), eos_id, dtype=torch.long, device=device)
-    finished = torch.arange(width, device=device) >= n  # the filler rows are done from the start
-    live = list(range(width)) if drop_finished else None  # the rows still in the batch, by original index
-    index = torch.arange(width, device=device)
-    first_bad = torch.tensor(max_new_tokens + 1, device=device)  # the first new token drawn from unusable scores
-    counts = torch.arange(1, max_new_tokens + 1, device=device)  # counts[t]: a device scalar, no host-to-device copy
-    steps, period = 0, check_every(device)
-    for t in range(max_new_tokens):
-        if record is not None:
-            record[index, t] = entropy_of(logits)
-        drawn = pick(logits[:n]) if live is None else pick(logits, live)
-        if len(drawn) < len(logits):
-            drawn = torch.cat([drawn, drawn.new_full((len(logits) - len(drawn),), safe_id)])
-        # NaN or +inf scores draw an out-of-range id: it never reaches the next forward (the safe id
-        # goes in its place), and the run stops at the next check, as if it had stopped right here
-        unusable = (logits.isnan() | logits.isposinf()).any()
-        first_bad = torch.where(unusable, torch.minimum(first_bad, counts[t]), first_bad)
-        nxt = torch.where(finished[index], eos_id, torch.where(unusable, safe_id, drawn))
-        tokens[index, t] = nxt
-        finished[index] |= nxt == eos_id
-        steps = t + 1
-        if steps % period == 0 or steps == max_new_tokens:
-            done, bad = torch.stack([finished.all().long(), first_bad]).tolist()  # the one host sync
-            if bad <= max_new_tokens:
-                raise NonFiniteScores(f"the model's next-token scores are NaN or infinite at new token {bad}")
-            if steps == max_new_tokens or done:
-                break
-            if live is not None and finished[index].any():  # the ended rows leave the batch
-                keep = (~finished[index]).nonzero().squeeze(-1)
-                live = [live[i] for i in keep.tolist()]
-                index, nxt = torch.tensor(live, device=device), nxt[keep]
-                drop_rows(cache, padding, keep)
-        check_stop(local=True)  # safe point for SIGINT/SIGTERM
-        logits = step(torch.where(nxt < 0, safe_id, nxt)[:, None])
-    responses, cut = responses_of(tokens[:n, :steps], eos_id)
-    if entropies is not None:
-        entropies.extend(record[i, :len(r)].tolist() for i, r in enumerate(responses))
-    return responses, cut
-
-
-def entropy_of(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's entropy -sum_v p log p of softmax(logits), in float32."""
-    log_p = logits.float().log_softmax(dim=-1)
-    return -(log_p.exp() * log_p).sum(dim=-1)
-
-
-def drop_rows(cache, padding: dict, keep: torch.Tensor) -> None:
-    """Keep only the rows `keep` of an eager decode's KV cache, attention mask and positions."""
-    for layer in cache.layers:
-        layer.batch_select_indices(keep)
-    for key in padding:
-        padding[key] = padding[key][keep]
-
-
-def responses_of(tokens: torch.Tensor, eos_id: int) -> tuple[list[torch.Tensor], list[bool]]:
-    """Each row's response, up to and including its first EOS, and whether it was cut at the limit."""
-    responses, cut = [], []
-    for row in tokens:
-        eos_at = (row == eos_id).nonzero()
-        responses.append(row[:int(eos_at[0]) + 1 if len(eos_at) else len(row)].clone())
-        cut.append(len(eos_at) == 0)
-    return responses, cut
-
-
-def left_padded(prompts: list[torch.Tensor], pad_id: int):
-    """The prompts as one batch, plus the attention mask and position ids that padding needs. Prompts
-    of one length (the rollouts: one prompt repeated) are stacked as they are, with no mask. Otherwise
-    each row is left-padded to the longest, its pads masked and its positions counting its real
-    tokens only (cumsum of the mask - 1): its numbers are the row's alone up to float rounding."""
-    if len({len(p) for p in prompts}) == 1:
-        return torch.stack(prompts), None, None
-    width = max(len(p) for p in prompts)
-    batch = prompts[0].new_full((len(prompts), width), pad_id)
-    mask = torch.zeros_like(batch)
-    for i, p in enumerate(prompts):
-        batch[i, width - len(p):], mask[i, width - len(p):] = p, 1
-    return batch, mask, (mask.cumsum(dim=-1) - 1).masked_fill_(mask == 0, 1)
-
-
-def eager_decoder(model, batch: torch.Tensor, mask, positions, amp, shared: bool = False):
-    """Eager decoding with a DynamicCache: the prompt's last logits (prompt_pass), and the step function
-    that feeds one token per row (growing the attention mask and moving each row's position by one)."""
-    from transformers import DynamicCache
-    cache, name = DynamicCache(config=model.config), cache_arg(model)
-    padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
-    with amp:
-        logits = prompt_pass(model, batch, cache, name, shared and mask is None, **padding)
-    return logits, eager_step(model, cache, padding, amp), cache, padding
-
-
-def eager_step(model, cache, padding: dict, amp):
-    """The step function of an eager decode: one token per row into `cache`, the mask and positions moved on."""
-    name = cache_arg(model)
-
-    def step(ids):
-        if padding:  # one more real column per row; each row's position moves on by one
-            mask = padding["attention_mask"]
-            padding["attention_mask"] = torch.cat([mask, mask.new_ones(len(ids), 1)], dim=1)
-            padding["position_ids"] = padding["position_ids"][:, -1:] + 1
-        with amp:
-            return next_token_scores(model, ids, cache, name, **padding)
-    return step
-
-
-def shared_prompt_state(model, prompt_ids: torch.Tensor, amp) -> tuple:
-    """One prompt's pass, once: its one-row KV cache and its last position's logits (after_prompt reuses them)."""
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
-    with amp:
-        return cache, next_token_scores(model, prompt_ids[None], cache, cache_arg(model))
-
-
-def after_prompt(model, prompt_state: tuple, suffixes: list[torch.Tensor], amp) -> tuple:
-    """eager_decoder's (logits, step, cache, padding) for rows that each continue one prompt with tokens of their
-    own (a tree's nodes): the prompt's cache (shared_prompt_state) repeated to every row, then the rows' tokens fed
-    after it, left-padded within their block (the pads masked, the positions counting real tokens only)."""
-    cache, last = copy.deepcopy(prompt_state[0]), prompt_state[1]
-    cache.batch_repeat_interleave(len(suffixes))
-    width, before = max(len(x) for x in suffixes), cache.get_seq_length()
-    if width == 0:  # the first level: every row is the prompt
-        return last.expand(len(suffixes), -1).contiguous(), eager_step(model, cache, {}, amp), cache, {}
-    ids = last.new_zeros((len(suffixes), width), dtype=torch.long)
-    mask = ids.new_zeros((len(suffixes), before + width))
-    positions = ids.new_ones((len(suffixes), width))
-    mask[:, :before] = 1
-    for i, x in enumerate(suffixes):
-        ids[i, width - len(x):], mask[i, before + width - len(x):] = x, 1
-        positions[i, width - len(x):] = torch.arange(before, before + len(x))
-    padding = {"attention_mask": mask, "position_ids": positions}
-    with amp:
-        logits = next_token_scores(model, ids, cache, cache_arg(model), **padding)
-    return logits, eager_step(model, cache, padding, amp), cache, padding
-
-
-def filled_batch(prompts: list[torch.Tensor], rows: int | None, pad_id: int):
-    """left_padded(prompts) for the compiled decoder. With `rows` (evaluation): copies of the first
-    prompt appended up to that many rows (the graph's one batch; the extra rows are decoded and
-    thrown away), and always a mask and position ids, so that every batch takes the same graph."""
-    if rows is None:
-        return left_padded(prompts, pad_id)
-    batch, mask, positions = left_padded(list(prompts) + [prompts[0]] * max(0, rows - len(prompts)), pad_id)
-    if mask is None:
-        mask = torch.ones_like(batch)
-        positions = torch.arange(batch.shape[1], device=batch.device).expand_as(batch).clone()
-    return batch, mask, positions
-
-
-def weight_cast_cache(amp, device_type: str):
-    # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
-    # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
-    # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
-    return torch.autocast(device_type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext()
-
-
-def cache_arg(model) -> str:
-    """The name of forward's KV-cache argument: transformers 5.24 renamed past_key_values to cache
-    (the old name goes away in 5.40); earlier 5.x releases know only past_key_values."""
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
-
-
-def next_token_scores(model, ids: torch.Tensor, cache, cache_name: str, **kwargs) -> torch.Tensor:
-    """The last position's logits of a forward pass that reads and extends the KV cache."""
-    return model(ids, **{cache_name: cache}, use_cache=True, logits_to_keep=1, **kwargs).logits[:, -1]
-
-
-class NonFiniteScores(Exception):
-    """The model gave NaN or +inf logits: sampling from them would draw a token outside the vocabulary."""
-
-
-def compile_decode(cfg: Config, device: torch.device) -> bool:
-    """The `compile` setting: auto (on for CUDA, off elsewhere), true or false. Never with fsdp
-    sharding: its weights are gathered per generation, which a compiled static graph cannot follow."""
-    if RANKS.sharding == "fsdp":
-        return False
-    return cfg.compile == "true" or (cfg.compile == "auto" and device.type == "cuda")
-
-
-@dataclass
-class Decoders:
-    """The compiled decoders of one model, kept from step to step: a StaticDecoder per use (rollouts,
-    eval), its cache sized once from the longest prompt of its problems (plan), and why compiling
-    failed, if it did (every later generation then decodes eagerly)."""
-    lengths: dict = dataclasses.field(default_factory=dict)  # use -> the longest prompt + its max new tokens
-    static: dict = dataclasses.field(default_factory=dict)   # use -> (model, bf16 autocast?, StaticDecoder)
-    failed: str | None = None
-    shared_prompt: bool | None = None  # the rollouts' prompt pass runs once (share_prompt_pass; None: not asked yet)
-
-    def plan(self, use: str, problems: list[dict], max_new_tokens: int) -> None:
-        """After check_problems: no later prompt makes the cache grow and recompile the decode step."""
-        self.lengths[use] = max((len(p["prompt_ids"]) for p in problems), default=0) + max_new_tokens
-
-    def get(self, model, amp, use: str = "rollouts") -> StaticDecoder:
-        bf16 = isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16
-        if use not in self.static or self.static[use][:2] != (model, bf16):  # another model: a new decoder
-            self.static[use] = (model, bf16, StaticDecoder(model, amp))
-        decoder = self.static[use][2]
-        decoder.planned = self.lengths.get(use, 0)
-        return decoder
-
-
-class StaticDecoder:
-    """GPU decoding: a StaticCache and the one-token decode step under torch.compile (CUDA graphs on CUDA), built once
-    per use and kept across steps; the cache is sized once (Decoders.plan), since a longer prompt would recompile.
-    Padded batches (evaluation) carry mask and positions as graph inputs, updated in place. Under bf16 autocast it
-    decodes with bf16_linear_copy(model) (one weight cast per step, not per token). Exact in float32 only: in bf16
-    the cache keeps bfloat16 values and compiled kernels round differently, a few bf16 ulps (compiled_tolerance)."""
-
-    def __init__(self, model, amp):
-        self.bf16 = isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16
-        # the dtype the logits are computed in, which sets the compiled-vs-eager tolerance
-        self.low_precision = self.bf16 or next(model.parameters()).dtype == torch.bfloat16
-        self.device_type = next(model.parameters()).device.type
-        self.model, self.pairs = bf16_linear_copy(model) if self.bf16 else (model, [])
-        self.cache, self.cache_len, self.batch_size = None, 0, 0
-        self.mask = self.positions = None  # a padded batch's graph inputs
-        self.filled = 0  # columns of the cache written so far (a Python int: no sync)
-        self.cache_name = cache_arg(self.model)
-        self.checked = False  # compared with eager decoding at the first generation (check_compiled_decode)
-        self.planned = 0  # the cache length the whole run needs (Decoders.plan)
-        mode = "reduce-overhead" if self.device_type == "cuda" else "default"
-        self.compiled_step = torch.compile(self._forward, mode=mode, dynamic=False)
-
-    def _amp(self):
-        return torch.autocast(self.device_type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
-
-    def _forward(self, ids: torch.Tensor, mask=None, positions=None) -> torch.Tensor:
-        padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
-        with self._amp():
-            return next_token_scores(self.model, ids, self.cache, self.cache_name, **padding)
-
-    def prefill(self, batch: torch.Tensor, max_new_tokens: int, mask=None, positions=None,
-                shared: bool = False) -> torch.Tensor:
-        """Refresh the bf16 twin, run the prompt eagerly (its length varies) into a DynamicCache, copy
-        it into the static cache (allocated once, `planned` long). Under autocast Qwen3 gives float32
-        keys and bfloat16 values, which StaticCache cannot hold: both are stored in bfloat16."""
-        from transformers import DynamicCache, StaticCache
-        for master, low in self.pairs:
-            low.copy_(master)
-        prompt_cache = DynamicCache(config=self.model.config)
-        padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
-        with self._amp():
-            logits = prompt_pass(self.model, batch, prompt_cache, self.cache_name, shared, **padding)
-        need = max(batch.shape[1] + max_new_tokens, self.planned)
-        if self.cache is None or need > self.cache_len or batch.shape[0] != self.batch_size:
-            self.cache_len, self.batch_size = -(-need // 256) * 256, batch.shape[0]
-            self.cache = StaticCache(config=self.model.config, max_cache_len=self.cache_len)
-            self.mask = None
-        for src, layer in zip(prompt_cache.layers, self.cache.layers):
-            if not layer.is_initialized:
-                layer.lazy_initialization(src.keys, src.values)
-                if self.bf16:
-                    for name in ("keys", "values"):
-                        if getattr(layer, name).dtype != torch.bfloat16:
-                            setattr(layer, name, torch.zeros_like(getattr(layer, name), dtype=torch.bfloat16))
-                            torch._dynamo.mark_static_address(getattr(layer, name))
-                    layer.update = stored_as_cache_dtype(layer)
-            layer.keys[:, :, :src.keys.shape[2]].copy_(src.keys)
-            layer.values[:, :, :src.values.shape[2]].copy_(src.values)
-            layer.cumulative_length.fill_(src.keys.shape[2])
-        self.filled = batch.shape[1]
-        if mask is not None:  # the columns after the prompt are masked until their token is written
-            if self.mask is None:
-                self.mask = mask.new_zeros(self.batch_size, self.cache_len)
-                self.positions = positions.new_zeros(self.batch_size, 1)
-            self.mask.zero_()[:, :self.filled].copy_(mask)
-            self.positions.copy_(positions[:, -1:])
-        return logits
-
-    def step(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.device_type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()
-        padding = ()
-        if self.mask is not None:  # the new token's column becomes visible; each row moves on by one
-            self.mask[:, self.filled] = 1
-            self.positions += 1
-            padding = (self.mask, self.positions)
-        self.filled += 1
-        with packed_gqa():
-            return self.compiled_step(ids, *padding).clone()  # the graph's output buffer is reused by the next step
-
-
-def bf16_linear_copy(model) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """A twin of `model` for sampling under bf16 autocast: every nn.Linear weight and bias in bfloat16
-    (the casts autocast makes at every forward, so the same numbers), everything else shared with the
-    float32 master (a tied LM head gets its own copy). Returns (twin, [(master, bf16 copy)])."""
-    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    twin = copy.deepcopy(model, memo)
-    pairs = []
-    for name, module in twin.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            for attr in ("weight", "bias"):
-                master = getattr(model.get_submodule(name), attr)
-                if master is not None:
-                    low = torch.nn.Parameter(master.detach().to(torch.bfloat16), requires_grad=False)
-                    setattr(module, attr, low)
-                    pairs.append((master, low))
-    return twin, pairs
-
-
-def stored_as_cache_dtype(layer):
-    """The layer's update, casting new keys and values to the cache's dtype first: what Inductor's
-    index_copy_ does implicitly, so the step also runs uncompiled (TORCH_COMPILE_DISABLE)."""
-    update = layer.update
-
-    def cast_update(key_states, value_states, *args, **kwargs):
-        return update(key_states.to(layer.keys.dtype), value_states.to(layer.values.dtype), *args, **kwargs)
-    return cast_update
-
-
-@contextmanager
-def packed_gqa():
-    """Grouped-query attention of one query token without repeating K and V to every head: under
-    torch.compile with a mask transformers' sdpa path copies the whole static cache per layer per
-    step (repeat_kv); eager packs the query heads instead. Same sums; the compiled check holds it."""
-    from transformers.integrations import sdpa_attention
-    was = sdpa_attention.is_torchdynamo_compiling
-    sdpa_attention.is_torchdynamo_compiling = _traced_as_eager  # one function object: dynamo guards on it
-    try:
-        yield
-    finally:
-        sdpa_attention.is_torchdynamo_compiling = was
-
-
-def _traced_as_eager() -> bool:
-    return False
-
-
-def check_compiled_decode(decoder: StaticDecoder, model, prompts: list[torch.Tensor], max_new_tokens: int, amp,
-                          rows: int | None = None) -> None:
-    """At the decoder's first generation: compare a few decode steps with eager decoding; beyond the
-    tolerance (or NaN) raise, so that compiled_or_eager falls back to eager with the difference on stderr."""
-    if decoder.checked:
-        return
-    worst, scale = compiled_decode_difference(decoder, model, prompts, max_new_tokens, amp, rows)
-    tolerance = compiled_tolerance(scale, decoder.low_precision)
-    if not worst <= tolerance:  # NaN fails too
-        raise RuntimeError(f"its logits differ from eager decoding by {worst:.3g} (tolerance {tolerance:.3g} "
-                           f"for logits up to {scale:.3g})")
-    decoder.checked = True
-
-
-def compiled_decode_difference(decoder: StaticDecoder, model, prompts: list[torch.Tensor], max_new_tokens: int,
-                               amp, rows: int | None = None, steps: int = 4) -> tuple[float, float]:
-    """(max |compiled - eager| over the logits of a prefill and `steps` decode steps, the largest |eager
-    logit|): both fed eager's argmax, at the generation's shapes, so the graph checked is the one used."""
-    batch, mask, positions = filled_batch(prompts, rows, 0)
-    compiled = decoder.prefill(batch, max_new_tokens, mask, positions)
-    eager, eager_step, _, _ = eager_decoder(model, batch, mask, positions, amp)
-    worst, scale = (compiled.float() - eager.float()).abs().max(), eager.float().abs().max()
-    for _ in range(steps):
-        ids = eager.argmax(dim=-1, keepdim=True)
-        compiled = decoder.step(ids)
-        eager = eager_step(ids)
-        worst = torch.maximum(worst, (compiled.float() - eager.float()).abs().max())
-        scale = torch.maximum(scale, eager.float().abs().max())
-    return float(worst), float(scale)
-
-
-def compiled_tolerance(scale: float, bf16: bool) -> float:
-    """How far compiled logits may lie from eager ones, relative to the largest |logit| (`scale`).
-    Measured (benchmarks/compiled_vs_eager.py, 8 steps): float32 6e-7, bf16 autocast 1.9e-2, bf16
-    weights 7.9e-3. Allowed: float32 1e-5, bf16 1/16 (8 bf16 ulps); a real fault (a step without its
-    context, a stale weight copy) moves logits by a sizeable part of their range."""
-    return (0.0625 if bf16 else 1e-5) * max(scale, 1.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1709,13 +391,14 @@ class Group:
     entropies: list[list[float]] | None = None  # top_entropy_quantile: each token's, from the sampler's logits
 
 
-def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answer: str, t: Trainer, draw: int = 0,
-                tree: Tree | None = None, record: dict | None = None, entropies: list | None = None) -> Group:
-    """Score this rank's rollouts (record: the problem's data set record, for a reward_function); every rank
-    receives the whole group (its advantages standardize over all of it), and its tokens' entropies if sampled."""
+def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], problem: dict, t: Trainer, draw: int = 0,
+                tree: Tree | None = None, entropies: list | None = None) -> Group:
+    """Score this rank's rollouts against the problem's answer (a reward_function also gets its data set record);
+    every rank receives the whole group (its advantages standardize over all of it), and its tokens' entropies if
+    sampled."""
     texts = [t.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
     with agreed("rewards", step, cfg=t.cfg):  # a signal stops it between two calls, within one verifier_timeout
-        scored = score_rollouts(t.scorer, texts, answer, **user_reward(t.cfg, record))
+        scored = score_rollouts(t.scorer, texts, problem["answer"], **user_reward(t.cfg, problem))
     mine = (texts, scored, [len(r) for r in responses], cut, entropies or [None] * len(responses))
     group = [x for share in gather_objects(mine) for x in zip(*share)]
     texts, scored, tokens, cut, entropies = map(list, zip(*group))
@@ -1728,33 +411,6 @@ def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], answe
 
 
 FAILED = ("timeout", "crash")  # a call of the verifier (and reward_function) that gave no result: reward 0
-
-
-def check_rewards(step: int, values: list[float], rewards: torch.Tensor, scored: list[tuple], t: Trainer) -> None:
-    """What a reward_function can get wrong, caught at the step it happens (every rank holds the same group):
-    a failure is said once a run with its reason (each is counted: verifier_crashes, verifier_timeouts); a group
-    whose every call failed stops the run (bad_records: stop) or trains on its zeros (skip); a reward that the
-    group's float32 figures cannot hold (the sample std squares the rewards' spread) stops it."""
-    cfg = t.cfg
-    failed = [(i, s[3] if len(s) > 3 else s[2]) for i, s in enumerate(scored) if s[2] in FAILED]
-    if failed and cfg.reward_function:
-        fn = f"reward_function {cfg.reward_function}"
-        warn_once(t, "reward failed", f"warning: step {step}: {fn} failed on rollout {failed[0][0]}: {failed[0][1]} "
-                  f"(scored 0; said once a run, each failure is counted: metrics.jsonl's verifier_crashes and "
-                  f"verifier_timeouts, the summary's verifier overruns, rollouts.jsonl's error)")
-        if len(failed) == len(scored):
-            if cfg.bad_records == "stop":
-                raise StopRun(f"step {step}: {fn} failed on all {len(scored)} rollouts (the first: {failed[0][1]}); "
-                              "fix it, or set bad_records: skip to train on with their rewards 0", code=2)
-            progress(f"warning: step {step}: {fn} failed on all {len(scored)} rollouts (bad_records: skip): "
-                     "their rewards are 0")
-    if not (torch.isfinite(rewards).all() and torch.isfinite(rewards.mean()) and torch.isfinite(rewards.std())):
-        i = max(range(len(values)), key=lambda k: abs(values[k]))
-        source = (f"reward_function {cfg.reward_function} with reward_weights '{cfg.reward_weights}'"
-                  if cfg.reward_weights else f"reward_function {cfg.reward_function}")
-        raise StopRun(f"step {step}: rollout {i}'s reward {values[i]:g} ({source}) is too large for the group's "
-                      f"float32 mean and sample std (float32 holds up to 3.4e38, and the std squares the rewards' "
-                      f"spread); scale the rewards down", code=2)
 
 
 def equal_rewards(rewards: torch.Tensor) -> bool:
@@ -1781,50 +437,11 @@ def score_rollouts(scorer: verifier.TimedVerifier, texts: list[str], gold: str, 
     return scored
 
 
-def user_reward(cfg: Config, record: dict | None) -> dict:
+def user_reward(cfg: Config, problem: dict) -> dict:
     """score_rollouts' arguments for a reward_function: the problem's record and reward_weights (none without one)."""
     if not cfg.reward_function:
         return {}
-    return {"record": record or {}, "weights": reward_weights(cfg.reward_weights) or (0.0, 1.0)}
-
-
-def reward_file(cfg: Config) -> tuple[str, str] | None:
-    """reward_function's (absolute path, function name) for the verifier's worker, which loads it; None without one."""
-    path, _, name = cfg.reward_function.rpartition(":")
-    return (str(Path(path).expanduser().resolve()), name) if cfg.reward_function else None
-
-
-@contextmanager
-def open_scorer(cfg: Config):
-    """The run's TimedVerifier, its worker started (with a reward_function, its file imported there, within
-    verifier_timeout: an import that raises, hangs or exits is one line)."""
-    scorer = verifier.TimedVerifier(timeout_s=cfg.verifier_timeout, reward_function=reward_file(cfg))
-    try:
-        scorer.__enter__()
-    except verifier.RewardFunctionError as e:
-        raise SharedError(reward_function_unusable(cfg, f"failed: {e} (importing it)"))
-    try:
-        yield scorer
-    finally:
-        scorer.__exit__(None, None, None)
-
-
-def try_reward_function(scorer: verifier.TimedVerifier, problem: dict, cfg: Config) -> None:
-    """A trial call of reward_function on the first record (a response that boxes its answer), before step 1:
-    an exception, hang or non-number result is one line, not 50 zero rewards (a missing function, a wrong
-    signature, a file that cannot be imported: open_scorer)."""
-    if not cfg.reward_function:
-        return
-    result = scorer.score(f"\\boxed{{{problem['answer']}}}", problem["answer"], problem["record"])
-    if len(result) < 4:
-        why = (f"did not return within verifier_timeout {cfg.verifier_timeout:g} s" if result[2] == "timeout"
-               else f"failed: {scorer.last_error}")
-        raise UserError(reward_function_unusable(cfg, f"{why} (a trial call on dataset record {problem['index']})"))
-
-
-def reward_function_unusable(cfg: Config, why: str) -> str:
-    return (f"reward_function {cfg.reward_function} {why}; fix it: it is called as name(response: str, answer: str, "
-            "record: dict) and returns a number")
+    return {"record": problem.get("record") or {}, "weights": reward_weights(cfg.reward_weights) or (0.0, 1.0)}
 
 
 def format_bonus(status: str, was_cut: bool, weight: float) -> float:
@@ -1886,7 +503,7 @@ class Credit:
 
 
 def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
-                  advantages: torch.Tensor, answer: str, t: Trainer, record: dict | None = None) -> Credit | None:
+                  advantages: torch.Tensor, problem: dict, t: Trainer) -> Credit | None:
     """The token advantages A_it of this rank's responses (None: the spec's A_i for every token, nothing to do):
     each segment's change of value (tree_values, continuation_values), scaled by scale_changes."""
     cfg = t.cfg
@@ -1902,7 +519,7 @@ def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Ten
         starts = [segment_starts(p, cfg.credit_segment_tokens) for p in pieces]
         flat = group.zero_variance and credit_scale(cfg) == "group"  # its scale is 0: nothing to sample for
         cuts, sampled = ([[] for _ in mine], 0) if flat else continuation_values(
-            step, prompt_ids, responses, starts, group.draw, answer, mine, t, record)
+            step, prompt_ids, responses, starts, group.draw, problem, mine, t)
         shares = gather_objects((starts, cuts, sampled))
         starts, cuts = [x for s in shares for x in s[0]], [x for s in shares for x in s[1]]
         generated += sum(s[2] for s in shares)
@@ -1920,6 +537,30 @@ def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Ten
     return Credit(weights, starts, values, [a.tolist() for a in token_advantages], generated,
                   None if masks is None else [m.int().tolist() for m in masks],
                   zero=not any(bool(a.any()) for a in token_advantages))
+
+
+def segment_starts(pieces: list[str], limit: int) -> list[int]:
+    """The token index where each segment of a response starts (segment_end, from token 0 to its end)."""
+    starts, k = [], 0
+    while k < len(pieces):
+        starts.append(k)
+        k = segment_end(pieces, k, limit)
+    return starts
+
+
+def segment_end(pieces: list[str], start: int, limit: int, whole: bool = True) -> int:
+    """Where a segment that starts at token `start` ends (exclusive), the pieces being the tokens' texts: after
+    at most `limit` tokens, at the last line end or sentence end inside them (after a token holding a newline,
+    or ending in . ! or ? with the next token opening with white space), else after `limit` tokens. whole: the
+    pieces are the whole response, so a segment that reaches their end ends there."""
+    end = min(start + limit, len(pieces))
+    if whole and end == len(pieces):
+        return end
+    for k in range(end, start, -1):  # a cut after token k - 1
+        piece, after = pieces[k - 1], pieces[k] if k < len(pieces) else " "
+        if "\n" in piece or (piece.endswith((".", "!", "?")) and after[:1].isspace()):
+            return k
+    return end
 
 
 def segment_changes(starts: list[int], values: list[float], length: int) -> torch.Tensor:
@@ -1981,8 +622,7 @@ def tree_values(tree: Tree, rewards: list[float], weighting: str = "leaf"):
 
 @torch.no_grad()
 def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], starts: list[list[int]],
-                        draw: int, answer: str, mine: range, t: Trainer,
-                        record: dict | None = None) -> tuple[list[list[float]], int]:
+                        draw: int, problem: dict, mine: range, t: Trainer) -> tuple[list[list[float]], int]:
     """credit=monte_carlo (VinePPO, SPO-chain): V at each cut of this rank's responses (their segment starts after
     the first), the mean reward of credit_samples continuations sampled from prompt + the response up to the cut
     with the run's sampler, scored like the rollouts (the verifier, plus format_reward's bonus), each from its own
@@ -2006,8 +646,8 @@ def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[tor
             texts = [t.tokenizer.decode(torch.cat([p, o]).tolist(), skip_special_tokens=True)
                      for p, o in zip(prefixes, outs)]
             ended = [len(o) > 0 and int(o[-1]) == t.eos_id for o in outs]
-            for (j, c, _), (reward, _, status, *_), stop in zip(batch, score_rollouts(t.scorer, texts, answer,
-                                                                                **user_reward(cfg, record)), ended):
+            for (j, c, _), (reward, _, status, *_), stop in zip(batch, score_rollouts(t.scorer, texts, problem["answer"],
+                                                                                **user_reward(cfg, problem)), ended):
                 values[j][c - 1] += (reward + format_bonus(status, not stop, cfg.format_reward)) / cfg.credit_samples
     return values, sampled
 
@@ -2353,12 +993,6 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
     return grad_norm, math.sqrt(sum_over_ranks(moved * moved)) if RANKS.sharding == "fsdp" else moved
 
 
-def all_finite(weights: list[torch.Tensor]) -> bool:
-    """Whether every weight is finite: each tensor's min and max (a NaN turns both NaN; no overflow, no copy of a
-    weight). 26 ms for SmolLM2's 540 MB on 2 cores, where a max-|w| norm took 200 ms."""
-    return bool(torch.stack([torch.stack(torch.aminmax(w)) for w in weights if w.numel()]).isfinite().all())
-
-
 def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
     """The norm of weights - before: float32 differences, per-tensor norms in float64 combined in float64. On a GPU
     `before` is overwritten in place (no second copy of the weights). On the CPU each difference passes through two
@@ -2377,79 +1011,6 @@ def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> floa
     return _combined_norm(norms)
 
 
-def update_norm_across_devices(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
-    """update_norm for host buffers of CUDA weights, one tensor at a time: bit for bit the in-place path's norms."""
-    return _combined_norm([torch._foreach_norm([w.float() - b.to(w.device, non_blocking=True)], 2,
-                                               dtype=torch.float64)[0] for w, b in zip(weights, before)])
-
-
-def _combined_norm(norms: list[torch.Tensor]) -> float:
-    return float(torch.linalg.vector_norm(torch.stack(norms).double()))
-
-
-def snapshot_optimizer_state(optimizer, buffers: dict, device=None) -> dict:
-    """The optimizer's per-parameter state as it is now: tensors copied into `buffers` on `device`
-    (default: the host, pinned for CUDA tensors), allocated once and reused; the rest by value."""
-    device = torch.device("cpu") if device is None else torch.device(device)
-    saved = {}
-    for p, state in optimizer.state.items():
-        saved[p] = {}
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                value = local(value)
-                buf = buffers.get((id(p), key))
-                if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
-                    pin = value.is_cuda and device.type == "cpu"
-                    buf = buffers[(id(p), key)] = torch.empty(value.shape, dtype=value.dtype, device=device,
-                                                              pin_memory=pin)
-                buf.copy_(value, non_blocking=True)
-                value = buf
-            saved[p][key] = value
-    return saved
-
-
-def restore_optimizer_state(optimizer, saved: dict) -> None:
-    for p in list(optimizer.state):
-        if p not in saved:  # the state was created by the step being undone (the run's first)
-            del optimizer.state[p]
-            continue
-        for key, value in saved[p].items():
-            if torch.is_tensor(value):
-                local(optimizer.state[p][key]).copy_(value)
-            else:
-                optimizer.state[p][key] = value
-
-
-UNDO_RESERVE = 16 << 30  # bytes of GPU memory left for generation, evaluation and the backward pass
-
-
-def optimizer_buffer_bytes(params) -> int:
-    """What optimizer_step keeps to undo a step: a float32 copy of the weights and a copy of
-    AdamW's two moments, in the weights' dtype (12 bytes per parameter in float32)."""
-    return sum(local(p).numel() * (4 + 2 * p.element_size()) for p in params)
-
-
-def optimizer_buffer_device(device: torch.device, need: int, free: int) -> torch.device:
-    """On the GPU when its free memory holds them twice over (with the gradients and moments the first
-    step allocates) plus UNDO_RESERVE, else in pinned host memory (PCIe twice a step); same numbers."""
-    return device if device.type == "cuda" and free >= 2 * need + UNDO_RESERVE else torch.device("cpu")
-
-
-def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
-    """float32 buffers for the weights before each step, allocated once where optimizer_buffer_device
-    puts them (pinned on the host, for asynchronous copies); the AdamW state's copies follow them."""
-    where = torch.device("cpu")
-    if device.type == "cuda":
-        need, free = optimizer_buffer_bytes(params), available_memory(device)
-        where = optimizer_buffer_device(device, need, free)
-        place = f"on {where}" if where.type == "cuda" else "in pinned host memory (copied across PCIe every step)"
-        progress(f"optimizer step: the copies that undo a non-finite step ({need / 1e9:.1f} GB) are kept {place}; "
-                 f"{free / 1e9:.1f} GB free on {device}")
-    on_host = where.type == "cpu"  # else beside each weight (empty_like keeps its device)
-    buffers = [torch.empty_like(local(p), dtype=torch.float32, device="cpu" if on_host else None) for p in params]
-    return [b.pin_memory() for b in buffers] if device.type == "cuda" and on_host else buffers
-
-
 # ----------------------------------------------------------------------------------------------
 # The step and the loop
 
@@ -2466,8 +1027,7 @@ def train_step(step: int, candidates: list[dict], draw: int, problems: int, t: T
     for s in slots:
         s.advantages = compute_advantages(s.group.rewards, t.cfg.std_eps, t.cfg.advantage_std,
                                           zero_variance=s.group.zero_variance)
-        s.credit = assign_credit(step, s.prompt_ids, s.responses, s.group, s.advantages, s.problem["answer"], t,
-                                 s.problem.get("record"))  # the spec: None
+        s.credit = assign_credit(step, s.prompt_ids, s.responses, s.group, s.advantages, s.problem, t)  # spec: None
     if slots[0].credit is not None:
         clock.lap("credit")
     epochs = []
@@ -2514,7 +1074,7 @@ def draw_groups(step: int, candidates: list[dict], draw: int, problems: int, t: 
                  for _, c in pending]  # tokenized once, by check_problems
         sampled = sample_groups(step, draws, t)  # this rank's share of each group
         clock.lap("generation")
-        groups = [score_group(step, responses, cut, problem["answer"], t, d, tree, problem.get("record"), entropies)
+        groups = [score_group(step, responses, cut, problem, t, d, tree, entropies)
                   for (d, problem, _), (responses, cut, tree, entropies) in zip(draws, sampled)]
         clock.lap("rewards")
         again = []
@@ -2550,21 +1110,6 @@ def epoch_figures(epoch: int, done: list[Pass], grad_norm: float, moved: float |
     if cfg.ppo_epochs > 1:
         figures["clipped_fraction"] = sum(p.clipped for p in done) / max(1, kept)
     return figures
-
-
-def token_changes(slot: Slot, epochs: list[dict], t: Trainer) -> list | None:
-    """token_report, for a group with reward variance whose step's update was taken: every response token's
-    log-probability before the step (the first pass's) and after it (one more forward per response),
-    the whole group's (gathered; rank 0 writes them to tokens.jsonl)."""
-    if not t.cfg.token_report or no_signal(slot.group, slot.credit) or epochs[-1]["update_norm"] is None:
-        return None
-    amp = autocast(t.device, t.precision)
-    with torch.no_grad():
-        after = [token_log_probs(t.model, slot.prompt_ids, r, amp) for r in slot.responses]
-    mine = [(r.tolist(), b.tolist(), a.tolist()) for r, b, a in zip(slot.responses, slot.first.token_log_probs, after)]
-    group = [x for share in gather_objects(mine) for x in share]
-    return [{"token_ids": ids, "tokens": [t.tokenizer.decode([i]) for i in ids], "before": b, "after": a}
-            for ids, b, a in group]
 
 
 @dataclass
@@ -2741,6 +1286,14 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
     return 0
 
 
+# Everything below is the machinery the step and the loop above call: reading and checking the settings
+# and the data, loading the model, decoding, the tree's sampling, the reward function's worker, the
+# optimizer step's undo, logging, evaluation, checkpoints, faults and signals, processes and main.
+
+
+# ----------------------------------------------------------------------------------------------
+# The run's start
+
 def load_training(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
                   argv: list[str], eval_set: list[dict]) -> tuple[Trainer, RunState]:
     """The model, optimizer and checked problems; a resumed run's weights, AdamW state and steps. Changes no file."""
@@ -2790,7 +1343,1509 @@ def run_candidates(s: RunState, cfg: Config) -> tuple[list[dict], int, int]:
 
 
 # ----------------------------------------------------------------------------------------------
+# Config reading and validation
+
+PRECISIONS = ("auto", "fp32", "bf16-autocast", "bf16")
+
+ADVANTAGE_STDS = ("group", "none")                                            # see compute_advantages
+
+LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  # see loss_divisors
+
+ZERO_VARIANCES = ("step", "skip", "resample")                                 # see step_or_skip, draw_groups
+
+CREDITS = ("sequence", "monte_carlo", "tree")                                 # see assign_credit
+
+CREDIT_SCALES = ("auto", "raw", "group", "whiten")                            # see scale_changes
+
+TREE_WEIGHTINGS = ("leaf", "once")                                            # see tree_values
+
+ANSWER_FORMATS = ("auto", "plain", "gsm8k", "boxed")                          # see reference_answer
+
+LR_SCHEDULES = ("constant", "linear", "cosine")                               # see lr_scheduler
+
+
+# Keys that may differ between a checkpoint and the run that resumes it: none of them changes a
+# number of the steps already taken. Every other key does, and a difference is refused.
+RESUME_MAY_DIFFER = frozenset({"output_dir", "save_every", "keep_last", "resume", "overwrite", "verifier_timeout",
+                               "num_problems", "max_bad_steps", "eval_batch_size", "sharding", "dist_timeout",
+                               "report_to"})
+
+
+class UserError(Exception):
+    """A mistake in the config, the data or the command line: one line to stderr, exit status 2."""
+
+
+def load_config(argv: list[str] | None = None) -> Config | Path:
+    """YAML file, then key=value overrides from the command line; every value typed and checked (--plot: its folder)."""
+    parser = argparse.ArgumentParser(description="RLVR training: one AdamW step per problem.")
+    parser.add_argument("--config", help="YAML file of settings (default: config.yaml)")
+    parser.add_argument("--plot", metavar="FOLDER", help="draw FOLDER/run.png from a run's logs, and stop")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a setting of the YAML")
+    args = parser.parse_args(argv)
+    if args.plot:  # main draws it, from the logs alone: a setting would be silently ignored
+        extra = args.overrides + ([f"--config {args.config}"] if args.config else [])
+        if extra:
+            raise UserError(f"--plot draws a finished run's pictures from its logs and takes no settings (got "
+                            f"{extra[0]}); run: python train_rlvr.py --plot {args.plot}")
+        return Path(args.plot)
+    values = read_config_file(Path(args.config or "config.yaml"), explicit=args.config is not None)
+    for item in args.overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise UserError(f"command-line setting '{item}' must look like key=value")
+        try:
+            values[key] = yaml.load(raw, Loader=ConfigLoader) if raw else ""
+        except yaml.YAMLError:
+            values[key] = raw
+        if isinstance(values[key], (dict, list)) or values[key] is None:
+            values[key] = raw
+
+    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    unknown = sorted(set(values) - set(types))
+    if unknown:
+        raise UserError(f"unknown config key '{unknown[0]}'; known keys: {', '.join(types)}")
+    type_of = {"str": str, "int": int, "float": float, "bool": bool}
+    cfg = Config(**{k: _coerce(k, v, type_of[types[k]]) for k, v in values.items()})
+    validate_config(cfg)
+    check_trackers(cfg)
+    warn_ignored(cfg)
+    return cfg
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """YAML 1.1 reads 4:2 as the base-60 number 242 (and 1:30.5 as 90.5): no setting is written that way, so a
+    value with a colon stays the text the user wrote, and a message about it quotes that text."""
+
+    def resolve(self, kind, value, implicit):
+        tag = super().resolve(kind, value, implicit)
+        numbers = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+        return "tag:yaml.org,2002:str" if kind is yaml.ScalarNode and ":" in value and tag in numbers else tag
+
+
+# Settings that act only when another has a certain value: (key, whether it acts, the setting it needs).
+ACTS_ONLY_WITH = [
+    ("tree_branching", lambda c: c.credit == "tree", "credit=tree"),
+    ("credit_samples", lambda c: c.credit == "monte_carlo", "credit=monte_carlo"),
+    ("credit_segment_tokens", lambda c: c.credit != "sequence", "credit=monte_carlo or credit=tree"),
+    ("credit_scale", lambda c: c.credit != "sequence", "credit=monte_carlo or credit=tree"),
+    ("tree_weighting", lambda c: c.credit == "tree", "credit=tree"),
+    ("resample_limit", lambda c: c.zero_variance == "resample", "zero_variance=resample"),
+    ("clip_eps", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
+    ("clip_eps_high", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
+]
+
+
+def warn_ignored(cfg: Config) -> None:
+    """A setting changed from its default where it does nothing is said once, before the run starts."""
+    default = Config()
+    for key, acts, needs in ACTS_ONLY_WITH:
+        if getattr(cfg, key) != getattr(default, key) and not acts(cfg):
+            progress(f"warning: {key}={getattr(cfg, key)} is ignored: it acts only with {needs}")
+
+
+def read_config_file(path: Path, explicit: bool) -> dict:
+    if not path.exists():
+        if explicit:
+            raise UserError(f"config file {path} not found; pass an existing file to --config")
+        progress("no config.yaml here: using the built-in defaults (the spec's setup)")
+        return {}
+    try:
+        values = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}")
+    except UnicodeDecodeError as e:
+        raise UserError(f"config file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                        f"{e.start}); save it as UTF-8")
+    except OSError as e:  # a folder, unreadable, ...
+        raise UserError(f"config file {path} cannot be read ({e.strerror or e}); pass a YAML file to --config")
+    if not isinstance(values, dict):
+        raise UserError(f"config file {path} must hold 'key: value' lines")
+    return values
+
+
+def _coerce(key: str, value, typ: type):
+    """Turn a YAML or command-line value into the field's type, or raise a UserError naming the key."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, typ) and not (typ is int and isinstance(value, bool)):
+        return value
+    if typ is float and number:
+        return float(value)
+    if typ is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if typ in (int, float) and isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+        with suppress(ValueError):
+            return typ(value)
+    if typ is str and (number or isinstance(value, bool)):  # a numeric revision; YAML reads compile: true as a bool
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    raise UserError(f"config key '{key}' must be {typ.__name__}, got {value!r}")
+
+
+def validate_config(cfg: Config) -> None:
+    for f in dataclasses.fields(cfg):
+        if f.type == "float" and not math.isfinite(getattr(cfg, f.name)):
+            raise UserError(f"config key '{f.name}' must be a finite number, got {getattr(cfg, f.name)!r}")
+    for key, ok, want in step_checks(cfg) + run_checks(cfg):
+        if not ok:
+            raise UserError(f"config key '{key}' must be {want}, got {getattr(cfg, key)!r}")
+
+
+def step_checks(cfg: Config) -> list[tuple[str, bool, str]]:
+    """The step's settings, as (key, whether its value is usable, what it must be)."""
+    return [
+        ("group_size", 2 <= cfg.group_size <= 65536, "an integer in [2, 65536] (advantages need a sample std)"),
+        ("temperature", cfg.temperature > 0, "a number > 0"),
+        ("top_p", 0 < cfg.top_p <= 1, "a number in (0, 1]"),
+        ("max_new_tokens", 1 <= cfg.max_new_tokens <= 2**20, "an integer in [1, 1048576]"),
+        ("num_problems", cfg.num_problems >= 0, "an integer >= 0 (0: evaluation only)"),
+        ("problems_per_step", 1 <= cfg.problems_per_step <= max(1, cfg.num_problems),
+         f"an integer in [1, num_problems {cfg.num_problems}] (the problems of one optimizer step)"),
+        ("problems_per_step", cfg.problems_per_step == 1 or cfg.credit != "tree",
+         "1 with credit: tree (a tree grows one problem's group at a time; monte_carlo and sequence take several)"),
+        ("start_index", cfg.start_index >= 0, "an integer >= 0"),
+        # AdamW turns lr / (1 - beta1**t) and lr * weight_decay into float32 scalars: beyond ~3e38 it raises
+        ("learning_rate", 0 < cfg.learning_rate <= 1e37, "a number in (0, 1e37] (AdamW's step size is a float32)"),
+        ("weight_decay", 0 <= cfg.weight_decay and cfg.learning_rate * cfg.weight_decay <= 1e37,
+         "a number >= 0 with learning_rate * weight_decay <= 1e37"),
+        ("max_grad_norm", cfg.max_grad_norm > 0, "a number > 0"),
+        ("lr_schedule", cfg.lr_schedule in LR_SCHEDULES, "one of " + ", ".join(LR_SCHEDULES)),
+        ("warmup_steps", 0 <= cfg.warmup_steps and (cfg.warmup_steps < run_steps(cfg.num_problems, cfg)
+                                                    or cfg.num_problems == 0),
+         f"an integer >= 0 and below the run's {run_steps(cfg.num_problems, cfg)} steps (num_problems / "
+         "problems_per_step: at or beyond it the learning rate would never reach learning_rate)"),
+        # a value that rounds to 0 in float32 (the rewards' dtype) would make zero-variance groups 0/0 = NaN
+        ("std_eps", 0 < float(torch.tensor(cfg.std_eps, dtype=torch.float32)) < math.inf,
+         "a number > 0 that float32 can hold (>= 1e-45; it keeps a zero-variance group from dividing by 0)"),
+        ("advantage_std", cfg.advantage_std in ADVANTAGE_STDS, "one of " + ", ".join(ADVANTAGE_STDS)),
+        ("loss_aggregation", cfg.loss_aggregation in LOSS_AGGREGATIONS, "one of " + ", ".join(LOSS_AGGREGATIONS)),
+        ("zero_variance", cfg.zero_variance in ZERO_VARIANCES, "one of " + ", ".join(ZERO_VARIANCES)),
+        ("resample_limit", 1 <= cfg.resample_limit <= 1024, "an integer in [1, 1024] (groups drawn per step)"),
+        ("format_reward", 0 <= cfg.format_reward <= 1e6, "a number in [0, 1e6] (0: off)"),
+        ("answer_format", cfg.answer_format in ANSWER_FORMATS, "one of " + ", ".join(ANSWER_FORMATS)),
+        ("eval_answer_format", cfg.eval_answer_format in ANSWER_FORMATS, "one of " + ", ".join(ANSWER_FORMATS)),
+        *reward_checks(cfg),
+        ("kl_coef", 0 <= cfg.kl_coef <= 1e6, "a number in [0, 1e6] (0: no KL term, no reference model)"),
+        ("ppo_epochs", 1 <= cfg.ppo_epochs <= 64, "an integer in [1, 64] (optimizer steps per group)"),
+        ("clip_eps", 0 < cfg.clip_eps < 1, "a number in (0, 1) (the ratio is clipped to [1 - eps, 1 + eps])"),
+        ("clip_eps_high", 0 <= cfg.clip_eps_high <= 10, "0 (equal to clip_eps) or a number in (0, 10] (DAPO: 0.28)"),
+        ("credit", cfg.credit in CREDITS, "one of " + ", ".join(CREDITS)),
+        ("credit_segment_tokens", 1 <= cfg.credit_segment_tokens <= 2**20, "an integer in [1, 1048576]"),
+        ("credit_samples", 1 <= cfg.credit_samples <= 256, "an integer in [1, 256] (continuations at each cut)"),
+        ("credit_scale", cfg.credit_scale in CREDIT_SCALES, "one of " + ", ".join(CREDIT_SCALES)),
+        ("tree_weighting", cfg.tree_weighting in TREE_WEIGHTINGS, "one of " + ", ".join(TREE_WEIGHTINGS)),
+        ("tree_branching", cfg.credit != "tree" or math.prod(tree_levels(cfg.tree_branching) or [0]) == cfg.group_size,
+         f"integers >= 2 separated by commas whose product is group_size {cfg.group_size} (e.g. 2,2,2 for 8)"),
+        ("top_entropy_quantile", 0 < cfg.top_entropy_quantile <= 1, "a number in (0, 1] (1: every token)"),
+    ]
+
+
+def run_checks(cfg: Config) -> list[tuple[str, bool, str]]:
+    """The run's other settings (seed, device, files, trackers, evaluation), as step_checks gives them."""
+    return [
+        ("seed", 0 <= cfg.seed < 2**63, "an integer in [0, 2**63) (torch's seeds are 64-bit)"),
+        ("compile", cfg.compile in ("auto", "true", "false"), "auto, true or false"),
+        ("logprob_batch_size", cfg.logprob_batch_size >= 1, "an integer >= 1"),
+        # the worker's poll timer takes up to ~24 days (2**31 ms); a day is more than any answer needs
+        ("verifier_timeout", 0 < cfg.verifier_timeout <= 86400, "a number of seconds in (0, 86400]"),
+        ("bad_records", cfg.bad_records in ("stop", "skip"), "stop or skip"),
+        ("sharding", cfg.sharding in ("auto", "replicate", "fsdp"), "auto, replicate or fsdp"),
+        ("dist_timeout", 0 < cfg.dist_timeout <= 86400, "a number of seconds in (0, 86400]"),
+        ("max_bad_steps", cfg.max_bad_steps >= 1, "an integer >= 1"),
+        ("save_every", cfg.save_every >= 0, "an integer >= 0 (0: only after the last step)"),
+        ("keep_last", cfg.keep_last >= 1, "an integer >= 1"),
+        ("precision", cfg.precision in PRECISIONS, "one of " + ", ".join(PRECISIONS)),
+        ("device", cfg.device == "cpu" or cfg.device.split(":")[0] == "cuda", "cpu, cuda or cuda:N"),
+        ("prompt_template", cfg.prompt_template.count("{problem}") >= 1, "a text with a {problem} placeholder (each one is replaced)"),
+        ("model", cfg.model.strip() != "", "a hub id or a local folder"),
+        ("dataset", cfg.dataset.strip() != "", "a hub name, a URL or a local JSON/JSONL/Parquet file"),
+        ("output_dir", cfg.output_dir.strip() != "", "a folder path"),
+        ("report_to", cfg.report_to == "none" or set(trackers_named(cfg)) <= set(TRACKERS),
+         "none or one or more of " + ", ".join(TRACKERS) + ", separated by commas"),
+        *eval_checks(cfg),
+    ]
+
+
+def reward_checks(cfg: Config) -> list[tuple[str, bool, str]]:
+    """reward_function and reward_weights, in validate_config's (key, ok, what it must be) form."""
+    if not cfg.reward_function:
+        return [("reward_weights", not cfg.reward_weights, "empty without a reward_function (it weighs the "
+                 "verifier's reward against the function's)")]
+    path, name = reward_file(cfg)
+    return [("reward_function", path.endswith(".py") and name.isidentifier(),
+             "path/to/file.py:function_name (the function is called as name(response, answer, record) -> float)"),
+            ("reward_function", Path(path).is_file(),
+             f"an existing file: {cfg.reward_function.rpartition(':')[0]} is not one"),
+            ("reward_weights", not cfg.reward_weights or reward_weights(cfg.reward_weights) is not None,
+             "empty (the function alone) or two finite numbers 'v,f', not both 0: v * the verifier's reward + f * "
+             "the function's")]
+
+
+def reward_weights(text: str) -> tuple[float, float] | None:
+    """reward_weights' (verifier, function) weights ("1,0.5" -> (1.0, 0.5)), None when it is not two finite numbers
+    or both are 0 (every reward 0: nothing could learn)."""
+    try:
+        weights = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        return None
+    return weights if len(weights) == 2 and all(map(math.isfinite, weights)) and any(weights) else None
+
+
+def tree_levels(branching: str) -> list[int] | None:
+    """tree_branching's branches per level ("2,2,2" -> [2, 2, 2]), None when it is not integers >= 2."""
+    try:
+        levels = [int(x) for x in branching.split(",")]
+    except ValueError:
+        return None
+    return levels if levels and all(b >= 2 for b in levels) else None
+
+
+def eval_checks(cfg: Config) -> list[tuple[str, bool, str]]:
+    """The evaluation settings' checks, in validate_config's (key, ok, what it must be) form."""
+    return [
+        ("eval_problems", cfg.eval_problems >= 0, "an integer >= 0 (0: no evaluation)"),
+        ("eval_problems", cfg.eval_problems >= 1 or cfg.num_problems >= 1,
+         "an integer >= 1 when num_problems is 0 (evaluation only)"),
+        ("eval_dataset", cfg.eval_dataset.strip() != "", "a hub name, a URL or a local JSON/JSONL/Parquet file"),
+        ("eval_max_new_tokens", cfg.eval_max_new_tokens >= 1, "an integer >= 1"),
+        ("eval_batch_size", cfg.eval_batch_size >= 1, "an integer >= 1 (problems decoded together)"),
+        ("eval_samples", cfg.eval_samples >= 1, "an integer >= 1 (1: greedy)"),
+        ("eval_temperature", cfg.eval_temperature > 0, "a number > 0"),
+        ("eval_top_p", 0 < cfg.eval_top_p <= 1, "a number in (0, 1]"),
+        ("eval_every", cfg.eval_every >= 0, "an integer >= 0 (0: before and after only)"),
+        ("resume", not (cfg.resume and cfg.num_problems == 0), "empty with num_problems 0 (evaluation only runs once)"),
+    ]
+
+
+def resolve_device(cfg: Config) -> torch.device:
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("device is 'cuda' but this machine has no CUDA GPU; "
+                        "run with device=cpu (python train_rlvr.py device=cpu) or set device: cpu in config.yaml")
+    if cfg.device == "cuda" and launched_world() > 1:  # torchrun: one GPU per process
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device(cfg.device)
+
+
+def resolve_precision(cfg: Config, device: torch.device) -> str:
+    # float32 master weights by default: at lr 1e-5 most single AdamW updates of a bfloat16 weight
+    # (8 bits of mantissa) round away to nothing. bf16 autocast makes the CUDA forward passes fast.
+    if cfg.precision == "auto":
+        return "bf16-autocast" if device.type == "cuda" else "fp32"
+    return cfg.precision
+
+
+def autocast(device: torch.device, precision: str):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-autocast" else nullcontext()
+
+
+# ----------------------------------------------------------------------------------------------
+# Data readers and answer formats
+
+def check_problems(problems: list[dict], cfg: Config, tokenizer, context: int,
+                   max_new_tokens: int | None = None, setting: str = "dataset") -> list[dict]:
+    """Refuse (bad_records: stop) or leave out (skip), before training, the records that cannot be used:
+    an empty or non-text problem; an empty, list, object or boolean answer (numbers become text); an
+    answer whose reference cannot be read in its answer_format; a prompt that with max_new_tokens (the
+    eval set: eval_max_new_tokens) overflows the model's context. Says once how the references were read."""
+    budget, budget_key = (cfg.max_new_tokens, "max_new_tokens") if max_new_tokens is None else (
+        max_new_tokens, "eval_max_new_tokens")
+    format_key = "answer_format" if setting == "dataset" else "eval_answer_format"
+    answer_format = getattr(cfg, format_key)
+    good, bad, too_long, forms = [], [], [], Counter()
+    for p in problems:
+        answer = p["answer"]
+        if not isinstance(p["problem"], str) or not p["problem"].strip():
+            bad.append(f"{setting} record {p['index']}: '{cfg.problem_field}' is not a non-empty text")
+        elif isinstance(answer, bool) or not isinstance(answer, (str, int, float, type(None))):
+            # str() of a list or a boolean ("['5']", "True") can never match a response: a silent zero reward
+            kind = {bool: "boolean", list: "list", dict: "object"}.get(type(answer), type(answer).__name__)
+            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is a JSON {kind} ({str(answer)[:40]}), "
+                       "not a text or a number (write several answers as one text, e.g. \"3, 5\")")
+        elif answer is None or str(answer).strip() == "":
+            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' is empty")
+        elif (reference := reference_answer(answer, answer_format))[0] is None:
+            bad.append(f"{setting} record {p['index']}: '{cfg.answer_field}' has no {ANSWER_FORMS[reference[1]]} "
+                       f"to read the reference from ({format_key} {answer_format}: {str(answer)[-40:]!r})")
+        else:
+            ids = tokenizer(build_prompt(cfg.prompt_template, p["problem"]), add_special_tokens=False)["input_ids"]
+            n = len(ids)
+            if n + budget > context:
+                too_long.append(len(bad))
+                bad.append(f"{setting} record {p['index']}: its prompt has {n} tokens, and with {budget_key} "
+                           f"{budget} it exceeds the model's context of {context}")
+            else:
+                forms[reference[1]] += 1
+                good.append(dict(p, answer=reference[0], prompt_ids=ids, extracted=reference[0] != str(answer)))
+    if bad and cfg.bad_records == "stop":
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        first = f"lower {budget_key}" if too_long[:1] == [0] else "fix the data"  # the fix for bad[0] comes first
+        move = ", move start_index" if setting == "dataset" else ""
+        raise UserError(f"{bad[0]}{more}; {first}{move}, or set bad_records: skip")
+    for msg in bad:
+        progress(f"skipping {msg}")
+    if not good:
+        raise UserError(f"no {setting} record is usable; fix the data or the settings above")
+    progress(f"{setting} answers ({format_key} {answer_format}): " + ", ".join(
+        f"{ANSWER_FORMS[form]} in {n}" for form, n in forms.most_common()) + f" of {len(good)} records")
+    return good
+
+
+ANSWER_FORMS = {"plain": "the field as written", "gsm8k": "text after the last '####'", "boxed": "last \\boxed{}"}
+
+
+def reference_answer(value, answer_format: str) -> tuple[str | None, str]:
+    """The reference answer an answer field holds, and the form it was read in (None: there is none):
+    plain: the field as written (a number as its text); gsm8k: the text after the last '####' of a
+    worked solution (GSM8K: "... 48 + 24 = 72\\n#### 72"); boxed: the content of the last \\boxed{} of a
+    worked solution (MATH's solution field), read by the verifier's own extraction. auto: gsm8k where
+    the text holds '####', boxed where it holds a \\boxed{} or \\fbox{}, else plain (short answers)."""
+    text = str(value)
+    form = answer_format
+    if form == "auto":
+        form = "gsm8k" if "####" in text else "boxed" if "\\boxed" in text or "\\fbox" in text else "plain"
+    if form == "gsm8k":
+        _, sep, after = text.rpartition("####")
+        return (after.strip() or None) if sep else None, form
+    if form == "boxed":
+        return verifier.extract_final_answer(text), form
+    return text, form
+
+
+def load_records(source: str, split: str, fields: dict[str, str], start: int, count: int,
+                 setting: str = "dataset", count_keys: tuple[str, ...] = ("start_index", "num_problems"),
+                 up_to: int = 0, config: str = "") -> list[dict]:
+    """Records start .. start + count - 1 (up_to > count: up to that many, as far as the data set goes) of
+    a hub name (its configuration `config`), URL, local copy of a hub set (a folder) or local
+    .json/.jsonl(.gz)/.parquet file, in file order, each a dict of all its fields plus "index" (its
+    place in the file). Every record must have the `fields` (setting -> field name)."""
+    end = start + count
+    if config and data_builder(source):
+        raise UserError(f"{setting}_config {config!r} names a configuration of a hub set, and {setting} {source} is a "
+                        f"file, which has none; set {setting}_config to empty (or {setting} to the hub set)")
+    if data_builder(source) == "json" and Path(source).is_file():  # read only as far as the run needs
+        rows = read_json_records(Path(source), setting, max(end, start + up_to))
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        rows = [{k: r.get(k) for k in names} for r in rows]  # every field in every record, as datasets gives them
+    else:
+        rows = open_dataset(source, split, setting, config)
+        names = rows.column_names
+    if len(rows) == 0:  # else the field check below would name a field, and a fix, that are not the problem
+        raise no_records(f"{setting} file {source}" if Path(source).is_file() else f"{setting} {source} (split "
+                         f"{split})", setting)
+    for key, field in fields.items():
+        if field not in names:
+            raise UserError(f"{setting} has no field '{field}' (set {key}); its fields are: {', '.join(names)}")
+    if len(rows) < end:
+        raise UserError(f"{setting} has {len(rows)} records but {' + '.join(count_keys)} = {end}; "
+                        f"lower {' or '.join(reversed(count_keys))}")
+    return [dict(rows[i], index=i) for i in range(start, max(end, min(start + up_to, len(rows))))]
+
+
+def no_records(what: str, setting: str) -> UserError:
+    return UserError(f"{what} holds no records; point {setting} at a data set with problems in it")
+
+
+DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".json.gz": "json", ".jsonl.gz": "json", ".parquet": "parquet"}
+
+
+def data_builder(source: str) -> str | None:
+    """The datasets builder for a file name or URL ("json" reads .gz too), None for a hub name."""
+    name = source.split("?")[0].lower()
+    return next((b for suffix, b in DATA_SUFFIXES.items() if name.endswith(suffix)), None)
+
+
+MAX_RECORD_BYTES = 4 << 20  # one record of a data file: a problem of 4 MiB fits no model's context anyway
+
+READ_CHUNK = 1 << 16
+
+
+def check_data_path(path: Path, what: str) -> None:
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a folder; set it to a .json/.jsonl/.json.gz/.jsonl.gz/.parquet file")
+    if path.stat().st_size == 0:
+        raise UserError(f"{what} file {path} is empty; point it at a file of records")
+
+
+def read_json_records(path: Path, what: str, stop: int) -> list[dict]:
+    """The first `stop` records of a local JSON array, JSON Lines or one-object (one record) file, read
+    only as far as they go, each at most MAX_RECORD_BYTES: a huge file or line costs neither time nor
+    memory. Damage (not UTF-8, not JSON, a record over the limit) is one line naming file and place."""
+    check_data_path(path, what)
+    try:
+        with (gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")) as f:
+            first = b""
+            while not first.strip() and (chunk := f.read(READ_CHUNK)):
+                first = chunk.lstrip()[:1]
+            if not first:
+                raise no_records(f"{what} file {path}", what)
+            f.seek(0)
+            return (json_array_records if first == b"[" else json_lines_records)(f, path, what, stop)
+    except (OSError, EOFError) as e:  # a damaged gzip stream (BadGzipFile is an OSError)
+        raise UserError(f"{what} file {path} is not a readable {'gzip ' if path.suffix == '.gz' else ''}file ({e}); "
+                        "re-download or unpack it") from None
+
+
+def _utf8(raw: bytes, path: Path, what: str, line: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, what, raw[e.start], line + raw.count(b"\n", 0, e.start)) from None
+
+
+def _not_utf8(path: Path, what: str, byte: int, line: int) -> UserError:
+    return UserError(f"{what} file {path} is not UTF-8 text (byte {byte:#04x} on line {line}); save it as UTF-8")
+
+
+def _too_long(path: Path, what: str, where: str) -> UserError:
+    return UserError(f"{what} file {path}: {where} is over {MAX_RECORD_BYTES >> 20} MiB, the most one record may "
+                     "take; write one problem with its answer per record (JSON Lines: one record a line)")
+
+
+def json_lines_records(f, path: Path, what: str, stop: int) -> list[dict]:
+    records, number = [], 0
+    while len(records) < stop and (line := f.readline(MAX_RECORD_BYTES + 1)):
+        number += 1
+        if len(line) > MAX_RECORD_BYTES:
+            raise _too_long(path, what, f"line {number}")
+        if not line.strip():
+            continue
+        text = _utf8(line, path, what, number)
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            if number == 1 and text.lstrip()[:1] == "{":  # one object over several lines: one record
+                return [json_document(text + _utf8(f.read(MAX_RECORD_BYTES), path, what, 2), path, what)]
+            raise UserError(f"{what} file {path} line {number} is not a JSON record ({e.msg}, column {e.colno}); "
+                            "fix or remove that line") from None
+        records.append(_record(record, path, what, f"line {number}"))
+    return records
+
+
+def json_document(text: str, path: Path, what: str) -> dict:
+    if len(text.encode()) > MAX_RECORD_BYTES:
+        raise _too_long(path, what, "its one JSON object")
+    try:
+        return _record(json.loads(text), path, what, "its JSON object")
+    except json.JSONDecodeError as e:
+        raise UserError(f"{what} file {path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+
+
+def json_array_records(f, path: Path, what: str, stop: int) -> list[dict]:
+    """The elements of a JSON array, decoded one at a time from a window of the file."""
+    w, records = JsonWindow(f, path, what), []
+    w.more()
+    w.pos = w.text.index("[") + 1
+    if w.skip_space() == "]":
+        return records
+    while len(records) < stop:
+        w.skip_space()
+        records.append(_record(w.next_value(f"record {len(records)}"), path, what, f"record {len(records)}"))
+        sep = w.skip_space()
+        if sep == "]":
+            break
+        if sep != ",":
+            w.fail("Expecting ',' delimiter" if sep else "Expecting ']'", w.pos)
+        w.pos += 1
+    return records
+
+
+class JsonWindow:
+    """The part of a JSON file being decoded (text from pos on), read on a chunk at a time; the UTF-8
+    decoding is incremental (a character split between two chunks is whole in the next), and
+    lines_before counts the newlines already dropped, for the line numbers of messages."""
+
+    def __init__(self, f, path: Path, what: str):
+        self.f, self.path, self.what = f, path, what
+        self.decoder, self.utf8 = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8")()
+        self.text, self.pos, self.lines_before, self.eof = "", 0, 0, False
+
+    def more(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.f.read(READ_CHUNK)
+        self.eof = not chunk
+        self.lines_before += self.text.count("\n", 0, self.pos)
+        try:
+            new = self.utf8.decode(chunk, final=not chunk)
+        except UnicodeDecodeError as e:
+            line = self.lines_before + self.text.count("\n", self.pos) + chunk.count(b"\n", 0, e.start) + 1
+            raise _not_utf8(self.path, self.what, chunk[e.start], line) from None
+        self.text, self.pos = self.text[self.pos:] + new, 0
+        return bool(chunk)
+
+    def skip_space(self) -> str:
+        """The next character that is not white space ("": the end of the file)."""
+        while True:
+            while self.pos < len(self.text) and self.text[self.pos].isspace():
+                self.pos += 1
+            if self.pos < len(self.text) or not self.more():
+                return self.text[self.pos:self.pos + 1]
+
+    def next_value(self, where: str):
+        """The JSON value at pos (pos moves past it), reading on while the window holds only part of it."""
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.text, self.pos)
+                break
+            except json.JSONDecodeError as e:  # incomplete in this window, or invalid: read on to tell
+                if len(self.text) - self.pos > MAX_RECORD_BYTES:
+                    raise _too_long(self.path, self.what, where) from None
+                if self.eof:
+                    self.fail(e.msg, e.pos)
+                self.more()
+        if end - self.pos > MAX_RECORD_BYTES:
+            raise _too_long(self.path, self.what, where)
+        self.pos = end
+        return value
+
+    def fail(self, message: str, at: int):
+        line = self.lines_before + self.text.count("\n", 0, at) + 1
+        column = at - self.text.rfind("\n", 0, at)
+        raise UserError(f"{self.what} file {self.path} is not valid JSON: {message} at line {line}, column {column}")
+
+
+def _record(value, path: Path, what: str, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise UserError(f"{what} file {path}: {where} is a JSON {type(value).__name__}, not an object of fields; "
+                        "each record must be {\"problem\": ..., \"answer\": ...}")
+    return value
+
+
+def network_problem(source: str) -> str | None:
+    """Why a URL or hub name cannot be fetched, if the cause is the network: the host does not resolve."""
+    host = urlparse(source).hostname if "://" in source else "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as e:
+        return f"no network: cannot resolve {host} ({e.strerror or e})"
+    return None
+
+
+def missing_local_path(value: str) -> str | None:
+    """Why a value not on disk is read as a local path, not a hub id (`name`, `org/name`): it starts with
+    `.`, `/` or `~`, ends with `/`, holds a backslash or two `/`, or its first part is a folder here
+    (`runs/dmeo` beside runs/): a typo named at once, not sent to the hub. None: it may be a hub id."""
+    if Path(value).expanduser().exists() or value.startswith(("http://", "https://")):
+        return None
+    parts = value.split("/")
+    if value.startswith((".", "/", "~")) or value.endswith("/") or "\\" in value or len(parts) > 2:
+        return "read as a path: a hub id is org/name"
+    if len(parts) == 2 and Path(parts[0]).expanduser().is_dir():
+        return f"read as a path, since {parts[0]}/ is a folder here"
+    return None
+
+
+@contextmanager
+def hub_offline(offline: bool):
+    """With no network, the hub libraries read their local cache only and give up at once: no
+    retries, no messages (datasets and huggingface_hub check these flags at each call)."""
+    import huggingface_hub.constants as hub
+    flags = [m for m in (hub, sys.modules.get("datasets.config")) if m is not None] if offline else []
+    saved = [m.HF_HUB_OFFLINE for m in flags]
+    for m in flags:
+        m.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        for m, value in zip(flags, saved):
+            m.HF_HUB_OFFLINE = value
+
+
+def local_copy_hint(what: str, source: str) -> str:
+    """An offline copy of the default data sets (only for them), where the checkout has ../shared/data beside it."""
+    name = {("dataset", MATH_TRAIN_URL): "math_train.jsonl.gz",
+            ("eval_dataset", Config.eval_dataset): "math500_test.json"}.get((what, source))
+    copy = Path(__file__).resolve().parent.parent / "shared" / "data" / (name or "-")
+    return f", e.g. {what}={min(os.path.relpath(copy), str(copy), key=len)}" if name and copy.is_file() else ""
+
+
+def open_dataset(source: str, split: str, what: str = "dataset", config: str = ""):
+    """A datasets.Dataset from a hub name (its configuration `config`, when the set has several), a URL,
+    a local copy of a hub set (a folder: its README's configurations, or its data files) or a local
+    .parquet file; every failure a one-line UserError naming the source and the fix. (Local JSON
+    files: read_json_records.)"""
+    import datasets
+    datasets.disable_progress_bars()
+    builder, is_url, local = data_builder(source), source.startswith(("http://", "https://")), Path(source)
+    if not is_url and local.exists():
+        if builder is None and not local.is_dir():
+            raise UserError(f"{what} file {source} is not a .json/.jsonl/.json.gz/.jsonl.gz/.parquet file")
+        if not local.is_dir():
+            check_data_path(local, what)
+    elif builder and not is_url:
+        raise UserError(f"{what} file {source} not found; set {what}: to an existing file, a URL or a hub name")
+    elif not is_url and missing_local_path(source):
+        raise UserError(f"{what} {source}: no such file or folder ({missing_local_path(source)}); set {what}: to "
+                        "an existing file or folder, a URL or a hub name")
+    hub_name = not builder and not is_url and not local.exists()
+    offline = network_problem(source) if hub_name else None  # asked once, up front: the hub client would retry
+    try:
+        if builder:
+            return datasets.load_dataset(builder, data_files=source, split="train")
+        with hub_offline(offline is not None):  # a cached copy still loads
+            return datasets.load_dataset(source, split=split, **({"name": config} if config else {}))
+    except Exception as e:  # network, hub or format problems: one line, not a traceback
+        if local.is_file() and "corresponds to no data" in str(e):  # datasets' words for a file of 0 rows
+            raise no_records(f"{what} file {source}", what) from None
+        if configs := re.search(r"(?:available configs|Available): (\[.*?\])", str(e)):  # missing or unknown
+            raise UserError(f"{what} {source} has several configurations, {configs[1]}, "
+                            + (f"and none is called {config!r}" if config else "and no default") +
+                            f"; set {what}_config to one of them") from None
+        offline = offline or (None if local.exists() else network_problem(source))
+        if offline:
+            raise UserError(f"could not load {what} {source!r}: {offline}; connect to the internet, or download it "
+                            f"and set {what}: to the local file{local_copy_hint(what, source)}")
+        detail = str(e).splitlines()[0] if str(e) else ""
+        raise UserError(f"could not load {what} {source!r}: {type(e).__name__}: {detail}")
+
+
+# ----------------------------------------------------------------------------------------------
+# The model
+
+def load_model_and_tokenizer(cfg: Config, device: torch.device, precision: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    if missing_local_path(cfg.model):
+        raise UserError(f"model {cfg.model}: no such folder ({missing_local_path(cfg.model)}); set model: to a "
+                        "local model folder or a hub id")
+    # no network: asked once, up front; then only the local hub cache is read (the hub client would retry ~50 s)
+    offline = None if Path(cfg.model).expanduser().exists() else network_problem("https://huggingface.co")
+    local = {"local_files_only": True} if offline else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model, revision=cfg.revision, **local)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, dtype=dtype, **local)
+    except Exception as e:  # missing, unreachable, truncated or foreign files: one line, not a traceback
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        hint = "set model: to a hub id or a local folder"
+        if offline:
+            detail = "it is not in the local hub cache"
+            hint = f"{offline}; connect, or set model: to a local folder of the model (config, tokenizer, weights)"
+        raise UserError(f"could not load model {cfg.model!r} at revision {cfg.revision!r}: {detail}; {hint}") from None
+    eos_id = resolve_eos_id(tokenizer, cfg, model.config.vocab_size)
+    warn_if_not_model_eos(model, tokenizer, cfg, eos_id)
+    return shard_model(model, device).eval(), tokenizer, eos_id
+
+
+def resolve_eos_id(tokenizer, cfg: Config, vocab_size: int) -> int:
+    # An unknown token maps to the unk id, whose text differs (Qwen's unk token IS <|endoftext|>).
+    eos_id = tokenizer.convert_tokens_to_ids(cfg.eos_token)
+    if eos_id is None or eos_id >= vocab_size or tokenizer.convert_ids_to_tokens(eos_id) != cfg.eos_token:
+        raise UserError(f"eos_token {cfg.eos_token!r} is not a token of {cfg.model}; set eos_token to its EOS")
+    return eos_id
+
+
+def warn_if_not_model_eos(model, tokenizer, cfg: Config, eos_id: int) -> None:
+    """eos_token is a real token but not one the model ends its texts with: every rollout would run to
+    max_new_tokens. Allowed (a prompt format may stop at its own marker), but said once."""
+    ends = getattr(model.generation_config, "eos_token_id", None)
+    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+    if ends and eos_id not in ends:
+        names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} (id {i})" for i in ends)
+        progress(f"warning: eos_token {cfg.eos_token!r} (id {eos_id}) is not the EOS of {cfg.model}'s generation "
+                 f"config ({names}); rollouts that never produce it run to max_new_tokens")
+
+
+def load_reference(cfg: Config, device: torch.device, precision: str) -> torch.nn.Module | None:
+    """kl_coef > 0: the frozen reference, the starting weights (a resumed run's too: resume refuses another
+    model or revision): `model` loaded again from the local files, no gradient, sharded like the policy.
+    One more copy of the weights (Qwen3-0.6B: 2.4 GB float32, 1.2 GB bf16; fsdp: 1/world of it)."""
+    if not cfg.kl_coef:
+        return None
+    from transformers import AutoModelForCausalLM
+    progress(f"loading the reference model for the KL term (kl_coef {cfg.kl_coef})")
+    reference = AutoModelForCausalLM.from_pretrained(cfg.model, revision=cfg.revision, local_files_only=True,
+                                                     dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+    reference.requires_grad_(False)
+    return shard_model(reference, device).eval()
+
+
+def check_memory(cfg: Config, model, problems: list[dict], device: torch.device) -> None:
+    """Refuse up front a group that cannot fit: the KV cache of group_size rollouts of the longest prompt
+    + max_new_tokens (keys and values, every layer, 2 bytes each at least) plus one decode step's float32
+    scores. A lower bound, so it never refuses a run that could fit: a failure deep in step 1 becomes one line."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    length = max(len(p["prompt_ids"]) for p in problems) + cfg.max_new_tokens
+    rows = cfg.group_size * cfg.problems_per_step  # problems_per_step: every group of the step in one batch
+    need = rows * (length * c.num_hidden_layers * 2 * kv_heads * head_dim * 2 + 3 * c.vocab_size * 4)
+    have = available_memory(device)
+    if need > have:
+        what = f"group_size {cfg.group_size}" + (f" x problems_per_step {cfg.problems_per_step}"
+                                                 if cfg.problems_per_step > 1 else "")
+        raise UserError(f"{what} with max_new_tokens {cfg.max_new_tokens} needs at least "
+                        f"{need / 1e9:.1f} GB on {device} for generation, but {have / 1e9:.1f} GB are available; "
+                        f"lower group_size{', problems_per_step' if cfg.problems_per_step > 1 else ''} or max_new_tokens")
+
+
+def available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 1 << 62  # unknown: do not refuse
+
+
+# ----------------------------------------------------------------------------------------------
+# Decoders (eager, static, compiled, bf16, the prompt pass)
+
+def top_p_reference(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Kept-token mask of transformers' TopPLogitsWarper: sort ascending, drop the tokens whose
+    cumulative probability is <= 1 - top_p, always keep the most likely one."""
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= (1 - top_p)
+    remove[..., -1:] = False
+    return ~remove.scatter(-1, order, remove)
+
+
+# The decoding machinery: one decode loop for rollouts and evaluation, eager or compiled.
+
+def compiled_or_eager(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp, cfg: Config,
+                      streams: list[torch.Generator], use: str, rows: int | None = None,
+                      decoders: Decoders | None = None, entropies: list | None = None):
+    """decode() through the compiled StaticDecoder of `use` (held by `decoders`) when the `compile`
+    setting asks for it, checked against eager decoding at its first generation; eager after any
+    failure, for the rest of the run. Eager evaluation drops ended rows; the compiled one keeps its
+    shape (`rows`: the batch is filled up to that many rows, so the last batch takes the same graph)."""
+    shared = use == "rollouts" and share_prompt_pass(model, prompts, amp, decoders)
+    if decoders is not None and decoders.failed is None and compile_decode(cfg, prompts[0].device):
+        states = [g.get_state() for g in streams]
+        try:
+            decoder = decoders.get(model, amp, use)
+            check_compiled_decode(decoder, model, prompts, max_new_tokens, amp, rows)
+            return decode(model, prompts, max_new_tokens, eos_id, pick, amp, decoder=decoder, rows=rows,
+                          shared=shared, entropies=entropies)
+        except (torch.OutOfMemoryError, Interrupted, NonFiniteScores):
+            raise
+        except Exception as e:  # torch.compile and CUDA graphs are the least portable part: never let them stop a run
+            decoders.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            decoders.static.clear()
+            progress(f"compiled decoding failed ({decoders.failed}); decoding eagerly from now on "
+                     "(compile: false skips the attempt)")
+            for g, state in zip(streams, states):  # the eager retry draws the same random numbers
+                g.set_state(state)
+            if entropies is not None:
+                entropies.clear()
+    return decode(model, prompts, max_new_tokens, eos_id, pick, amp, drop_finished=use == "eval", shared=shared,
+                  entropies=entropies)
+
+
+def share_prompt_pass(model, prompts: list[torch.Tensor], amp, decoders: Decoders | None) -> bool:
+    """Whether the rollouts' prompt pass runs once for the whole group (prompt_pass; a run's Decoders keep the
+    answer, a call without them runs every row's). In float32 its numbers must be the batched pass's bit for
+    bit: compared once a run, at the first group (one batched pass more); where they differ (a BLAS whose
+    kernels depend on the number of rows), every row's prompt runs as before, and the run says so. In bf16
+    the decode paths differ by ulps already: shared without a check."""
+    if decoders is None or len(prompts) < 2 or any(p is not prompts[0] for p in prompts) or RANKS.sharding == "fsdp":
+        return False  # fsdp: its root forward must come first (FSDP2's lazy init), and each rank holds a few rows
+    if decoders.shared_prompt is not None:
+        return decoders.shared_prompt
+    low = isinstance(amp, torch.autocast) or next(model.parameters()).dtype != torch.float32
+    decoders.shared_prompt = low or same_prompt_pass(model, torch.stack(prompts), amp)
+    if not decoders.shared_prompt:
+        progress("the prompt's pass run once differs in its last bits from the pass over every row on this machine; "
+                 "each rollout's prompt is run (slower, the same numbers)")
+    return decoders.shared_prompt
+
+
+@torch.no_grad()
+def same_prompt_pass(model, batch: torch.Tensor, amp) -> bool:
+    """Whether prompt_pass gives the same logits, keys and values shared as batched, bit for bit."""
+    from transformers import DynamicCache
+    caches = [DynamicCache(config=model.config) for _ in range(2)]
+    with amp:
+        logits = [prompt_pass(model, batch, c, cache_arg(model), shared) for c, shared in zip(caches, (True, False))]
+    return torch.equal(*logits) and all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                                        for a, b in zip(*(c.layers for c in caches)))
+
+
+def prompt_pass(model, batch: torch.Tensor, cache, cache_name: str, shared: bool = False, **padding) -> torch.Tensor:
+    """The prompt's forward pass into `cache`: each row's next-token logits. `shared` (the rollouts: one prompt in
+    every row) runs the prompt once, 1/rows of the work, and repeats its keys and values to every row; the LM head
+    still runs on all the rows together, as the batched pass's does (a BLAS may round one row apart otherwise)."""
+    if not shared:
+        return next_token_scores(model, batch, cache, cache_name, **padding)
+    decoder = model.get_decoder()
+    hidden = decoder(batch[:1], **{cache_arg(decoder): cache}, use_cache=True).last_hidden_state[:, -1:]
+    cache.batch_repeat_interleave(len(batch))
+    return model.get_output_embeddings()(hidden.expand(len(batch), -1, -1).contiguous())[:, -1]
+
+
+CHECK_EVERY = 8  # on a GPU decode asks whether every row is done (and the scores finite) every this many tokens
+
+HOST_CHECK_EVERY = 1  # on the CPU: every token
+
+
+def check_every(device) -> int:
+    """How often decode asks whether every row is done: on a GPU every CHECK_EVERY tokens (each answer stops the
+    host until the GPU catches up); on the CPU, where the answer is already on the host, at every token, so a
+    group stops at its last EOS and not up to 7 decode steps of the whole batch later (SmolLM2's 18-token
+    groups ran 24). The responses are the same either way: ended rows are fed EOS and cut at their first."""
+    return HOST_CHECK_EVERY if sampler_on_host(device) else CHECK_EVERY
+
+
+def decode(model, prompts: list[torch.Tensor], max_new_tokens: int, eos_id: int, pick, amp,
+           decoder: StaticDecoder | None = None, drop_finished: bool = False, rows: int | None = None,
+           shared: bool = False, entropies: list | None = None, prefilled: tuple | None = None):
+    """The one decode loop: row i continues prompts[i], one token per step chosen by pick(logits, rows),
+    until every row has emitted EOS or max_new_tokens; returns responses_of the tokens. A finished row
+    is fed EOS, so the batch keeps its shape and numbers; the host checks for the end every check_every
+    tokens (on a GPU one sync per CHECK_EVERY tokens). drop_finished (eager evaluation) drops ended rows
+    at those checks (pick then gets the rows' original indices); a compiled `decoder` keeps every row,
+    filled up to `rows`. shared: every row is one prompt, whose pass runs once (prompt_pass). prefilled: the
+    prompts' pass already run (after_prompt: eager_decoder's four). entropies: a list that receives each response
+    token's entropy, -sum p log p of the scores that drew it (the distribution the loss trains: no temperature)."""
+    n, device = len(prompts), prompts[0].device
+    safe_id = max(eos_id, 0)  # a valid token id (the pad id), fed in place of ids drawn from unusable scores
+    logits, step, cache, padding = prefilled or prompts_passed(model, prompts, max_new_tokens, safe_id, amp, decoder,
+                                                               rows, shared)
+    width = len(logits)
+    record = None if entropies is None else torch.full((width, max_new_tokens), math.nan, device=device)
+    tokens = torch.full((width, max_new_tokens), eos_id, dtype=torch.long, device=device)
+    finished = torch.arange(width, device=device) >= n  # the filler rows are done from the start
+    live = list(range(width)) if drop_finished else None  # the rows still in the batch, by original index
+    index = torch.arange(width, device=device)
+    first_bad = torch.tensor(max_new_tokens + 1, device=device)  # the first new token drawn from unusable scores
+    counts = torch.arange(1, max_new_tokens + 1, device=device)  # counts[t]: a device scalar, no host-to-device copy
+    steps, period = 0, check_every(device)
+    for t in range(max_new_tokens):
+        if record is not None:
+            record[index, t] = entropy_of(logits)
+        drawn = pick(logits[:n]) if live is None else pick(logits, live)
+        if len(drawn) < len(logits):
+            drawn = torch.cat([drawn, drawn.new_full((len(logits) - len(drawn),), safe_id)])
+        # NaN or +inf scores draw an out-of-range id: it never reaches the next forward (the safe id
+        # goes in its place), and the run stops at the next check, as if it had stopped right here
+        unusable = (logits.isnan() | logits.isposinf()).any()
+        first_bad = torch.where(unusable, torch.minimum(first_bad, counts[t]), first_bad)
+        nxt = torch.where(finished[index], eos_id, torch.where(unusable, safe_id, drawn))
+        tokens[index, t] = nxt
+        finished[index] |= nxt == eos_id
+        steps = t + 1
+        if steps % period == 0 or steps == max_new_tokens:
+            done, bad = torch.stack([finished.all().long(), first_bad]).tolist()  # the one host sync
+            if bad <= max_new_tokens:
+                raise NonFiniteScores(f"the model's next-token scores are NaN or infinite at new token {bad}")
+            if steps == max_new_tokens or done:
+                break
+            if live is not None and finished[index].any():  # the ended rows leave the batch
+                keep = (~finished[index]).nonzero().squeeze(-1)
+                live = [live[i] for i in keep.tolist()]
+                index, nxt = torch.tensor(live, device=device), nxt[keep]
+                drop_rows(cache, padding, keep)
+        check_stop(local=True)  # safe point for SIGINT/SIGTERM
+        logits = step(torch.where(nxt < 0, safe_id, nxt)[:, None])
+    responses, cut = responses_of(tokens[:n, :steps], eos_id)
+    if entropies is not None:
+        entropies.extend(record[i, :len(r)].tolist() for i, r in enumerate(responses))
+    return responses, cut
+
+
+def prompts_passed(model, prompts: list[torch.Tensor], max_new_tokens: int, pad_id: int, amp,
+                   decoder: StaticDecoder | None, rows: int | None, shared: bool) -> tuple:
+    """decode's start: the prompts' pass, through the compiled `decoder` (its rows filled up to `rows`) or eagerly;
+    the first logits, the one-token step, and the eager cache and padding (None with the compiled decoder)."""
+    if decoder is None:
+        batch, mask, positions = left_padded(prompts, pad_id)
+        return eager_decoder(model, batch, mask, positions, amp, shared=shared)
+    batch, mask, positions = filled_batch(prompts, rows, pad_id)
+    return decoder.prefill(batch, max_new_tokens, mask, positions, shared=shared and mask is None), decoder.step, \
+        None, None
+
+
+def entropy_of(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's entropy -sum_v p log p of softmax(logits), in float32."""
+    log_p = logits.float().log_softmax(dim=-1)
+    return -(log_p.exp() * log_p).sum(dim=-1)
+
+
+def drop_rows(cache, padding: dict, keep: torch.Tensor) -> None:
+    """Keep only the rows `keep` of an eager decode's KV cache, attention mask and positions."""
+    for layer in cache.layers:
+        layer.batch_select_indices(keep)
+    for key in padding:
+        padding[key] = padding[key][keep]
+
+
+def responses_of(tokens: torch.Tensor, eos_id: int) -> tuple[list[torch.Tensor], list[bool]]:
+    """Each row's response, up to and including its first EOS, and whether it was cut at the limit."""
+    responses, cut = [], []
+    for row in tokens:
+        eos_at = (row == eos_id).nonzero()
+        responses.append(row[:int(eos_at[0]) + 1 if len(eos_at) else len(row)].clone())
+        cut.append(len(eos_at) == 0)
+    return responses, cut
+
+
+def left_padded(prompts: list[torch.Tensor], pad_id: int):
+    """The prompts as one batch, plus the attention mask and position ids that padding needs. Prompts
+    of one length (the rollouts: one prompt repeated) are stacked as they are, with no mask. Otherwise
+    each row is left-padded to the longest, its pads masked and its positions counting its real
+    tokens only (cumsum of the mask - 1): its numbers are the row's alone up to float rounding."""
+    if len({len(p) for p in prompts}) == 1:
+        return torch.stack(prompts), None, None
+    width = max(len(p) for p in prompts)
+    batch = prompts[0].new_full((len(prompts), width), pad_id)
+    mask = torch.zeros_like(batch)
+    for i, p in enumerate(prompts):
+        batch[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    return batch, mask, (mask.cumsum(dim=-1) - 1).masked_fill_(mask == 0, 1)
+
+
+def eager_decoder(model, batch: torch.Tensor, mask, positions, amp, shared: bool = False):
+    """Eager decoding with a DynamicCache: the prompt's last logits (prompt_pass), and the step function
+    that feeds one token per row (growing the attention mask and moving each row's position by one)."""
+    from transformers import DynamicCache
+    cache, name = DynamicCache(config=model.config), cache_arg(model)
+    padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
+    with amp:
+        logits = prompt_pass(model, batch, cache, name, shared and mask is None, **padding)
+    return logits, eager_step(model, cache, padding, amp), cache, padding
+
+
+def eager_step(model, cache, padding: dict, amp):
+    """The step function of an eager decode: one token per row into `cache`, the mask and positions moved on."""
+    name = cache_arg(model)
+
+    def step(ids):
+        if padding:  # one more real column per row; each row's position moves on by one
+            mask = padding["attention_mask"]
+            padding["attention_mask"] = torch.cat([mask, mask.new_ones(len(ids), 1)], dim=1)
+            padding["position_ids"] = padding["position_ids"][:, -1:] + 1
+        with amp:
+            return next_token_scores(model, ids, cache, name, **padding)
+    return step
+
+
+def shared_prompt_state(model, prompt_ids: torch.Tensor, amp) -> tuple:
+    """One prompt's pass, once: its one-row KV cache and its last position's logits (after_prompt reuses them)."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    with amp:
+        return cache, next_token_scores(model, prompt_ids[None], cache, cache_arg(model))
+
+
+def after_prompt(model, prompt_state: tuple, suffixes: list[torch.Tensor], amp) -> tuple:
+    """eager_decoder's (logits, step, cache, padding) for rows that each continue one prompt with tokens of their
+    own (a tree's nodes): the prompt's cache (shared_prompt_state) repeated to every row, then the rows' tokens fed
+    after it, left-padded within their block (the pads masked, the positions counting real tokens only)."""
+    cache, last = copy.deepcopy(prompt_state[0]), prompt_state[1]
+    cache.batch_repeat_interleave(len(suffixes))
+    width, before = max(len(x) for x in suffixes), cache.get_seq_length()
+    if width == 0:  # the first level: every row is the prompt
+        return last.expand(len(suffixes), -1).contiguous(), eager_step(model, cache, {}, amp), cache, {}
+    ids = last.new_zeros((len(suffixes), width), dtype=torch.long)
+    mask = ids.new_zeros((len(suffixes), before + width))
+    positions = ids.new_ones((len(suffixes), width))
+    mask[:, :before] = 1
+    for i, x in enumerate(suffixes):
+        ids[i, width - len(x):], mask[i, before + width - len(x):] = x, 1
+        positions[i, width - len(x):] = torch.arange(before, before + len(x))
+    padding = {"attention_mask": mask, "position_ids": positions}
+    with amp:
+        logits = next_token_scores(model, ids, cache, cache_arg(model), **padding)
+    return logits, eager_step(model, cache, padding, amp), cache, padding
+
+
+def filled_batch(prompts: list[torch.Tensor], rows: int | None, pad_id: int):
+    """left_padded(prompts) for the compiled decoder. With `rows` (evaluation): copies of the first
+    prompt appended up to that many rows (the graph's one batch; the extra rows are decoded and
+    thrown away), and always a mask and position ids, so that every batch takes the same graph."""
+    if rows is None:
+        return left_padded(prompts, pad_id)
+    batch, mask, positions = left_padded(list(prompts) + [prompts[0]] * max(0, rows - len(prompts)), pad_id)
+    if mask is None:
+        mask = torch.ones_like(batch)
+        positions = torch.arange(batch.shape[1], device=batch.device).expand_as(batch).clone()
+    return batch, mask, positions
+
+
+def weight_cast_cache(amp, device_type: str):
+    # An outer (disabled) autocast region keeps autocast's weight-cast cache alive across the decode
+    # steps: each float32 weight is cast to bf16 once per generation, not once per token (85 -> 25 ms
+    # per decode step on the CPU stand-in). The cached casts are the same casts: no number changes.
+    return torch.autocast(device_type, enabled=False) if isinstance(amp, torch.autocast) else nullcontext()
+
+
+def cache_arg(model) -> str:
+    """The name of forward's KV-cache argument: transformers 5.24 renamed past_key_values to cache
+    (the old name goes away in 5.40); earlier 5.x releases know only past_key_values."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def next_token_scores(model, ids: torch.Tensor, cache, cache_name: str, **kwargs) -> torch.Tensor:
+    """The last position's logits of a forward pass that reads and extends the KV cache."""
+    return model(ids, **{cache_name: cache}, use_cache=True, logits_to_keep=1, **kwargs).logits[:, -1]
+
+
+class NonFiniteScores(Exception):
+    """The model gave NaN or +inf logits: sampling from them would draw a token outside the vocabulary."""
+
+
+def compile_decode(cfg: Config, device: torch.device) -> bool:
+    """The `compile` setting: auto (on for CUDA, off elsewhere), true or false. Never with fsdp
+    sharding: its weights are gathered per generation, which a compiled static graph cannot follow."""
+    if RANKS.sharding == "fsdp":
+        return False
+    return cfg.compile == "true" or (cfg.compile == "auto" and device.type == "cuda")
+
+
+@dataclass
+class Decoders:
+    """The compiled decoders of one model, kept from step to step: a StaticDecoder per use (rollouts,
+    eval), its cache sized once from the longest prompt of its problems (plan), and why compiling
+    failed, if it did (every later generation then decodes eagerly)."""
+    lengths: dict = dataclasses.field(default_factory=dict)  # use -> the longest prompt + its max new tokens
+    static: dict = dataclasses.field(default_factory=dict)   # use -> (model, bf16 autocast?, StaticDecoder)
+    failed: str | None = None
+    shared_prompt: bool | None = None  # the rollouts' prompt pass runs once (share_prompt_pass; None: not asked yet)
+
+    def plan(self, use: str, problems: list[dict], max_new_tokens: int) -> None:
+        """After check_problems: no later prompt makes the cache grow and recompile the decode step."""
+        self.lengths[use] = max((len(p["prompt_ids"]) for p in problems), default=0) + max_new_tokens
+
+    def get(self, model, amp, use: str = "rollouts") -> StaticDecoder:
+        bf16 = isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16
+        if use not in self.static or self.static[use][:2] != (model, bf16):  # another model: a new decoder
+            self.static[use] = (model, bf16, StaticDecoder(model, amp))
+        decoder = self.static[use][2]
+        decoder.planned = self.lengths.get(use, 0)
+        return decoder
+
+
+class StaticDecoder:
+    """GPU decoding: a StaticCache and the one-token decode step under torch.compile (CUDA graphs on CUDA), built once
+    per use and kept across steps; the cache is sized once (Decoders.plan), since a longer prompt would recompile.
+    Padded batches (evaluation) carry mask and positions as graph inputs, updated in place. Under bf16 autocast it
+    decodes with bf16_linear_copy(model) (one weight cast per step, not per token). Exact in float32 only: in bf16
+    the cache keeps bfloat16 values and compiled kernels round differently, a few bf16 ulps (compiled_tolerance)."""
+
+    def __init__(self, model, amp):
+        self.bf16 = isinstance(amp, torch.autocast) and amp.fast_dtype == torch.bfloat16
+        # the dtype the logits are computed in, which sets the compiled-vs-eager tolerance
+        self.low_precision = self.bf16 or next(model.parameters()).dtype == torch.bfloat16
+        self.device_type = next(model.parameters()).device.type
+        self.model, self.pairs = bf16_linear_copy(model) if self.bf16 else (model, [])
+        self.cache, self.cache_len, self.batch_size = None, 0, 0
+        self.mask = self.positions = None  # a padded batch's graph inputs
+        self.filled = 0  # columns of the cache written so far (a Python int: no sync)
+        self.cache_name = cache_arg(self.model)
+        self.checked = False  # compared with eager decoding at the first generation (check_compiled_decode)
+        self.planned = 0  # the cache length the whole run needs (Decoders.plan)
+        mode = "reduce-overhead" if self.device_type == "cuda" else "default"
+        self.compiled_step = torch.compile(self._forward, mode=mode, dynamic=False)
+
+    def _amp(self):
+        return torch.autocast(self.device_type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
+
+    def _forward(self, ids: torch.Tensor, mask=None, positions=None) -> torch.Tensor:
+        padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
+        with self._amp():
+            return next_token_scores(self.model, ids, self.cache, self.cache_name, **padding)
+
+    def prefill(self, batch: torch.Tensor, max_new_tokens: int, mask=None, positions=None,
+                shared: bool = False) -> torch.Tensor:
+        """Refresh the bf16 twin, run the prompt eagerly (its length varies) into a DynamicCache, copy
+        it into the static cache (allocated once, `planned` long). Under autocast Qwen3 gives float32
+        keys and bfloat16 values, which StaticCache cannot hold: both are stored in bfloat16."""
+        from transformers import DynamicCache, StaticCache
+        for master, low in self.pairs:
+            low.copy_(master)
+        prompt_cache = DynamicCache(config=self.model.config)
+        padding = {} if mask is None else {"attention_mask": mask, "position_ids": positions}
+        with self._amp():
+            logits = prompt_pass(self.model, batch, prompt_cache, self.cache_name, shared, **padding)
+        need = max(batch.shape[1] + max_new_tokens, self.planned)
+        if self.cache is None or need > self.cache_len or batch.shape[0] != self.batch_size:
+            self.cache_len, self.batch_size = -(-need // 256) * 256, batch.shape[0]
+            self.cache = StaticCache(config=self.model.config, max_cache_len=self.cache_len)
+            self.mask = None
+        for src, layer in zip(prompt_cache.layers, self.cache.layers):
+            if not layer.is_initialized:
+                layer.lazy_initialization(src.keys, src.values)
+                if self.bf16:
+                    for name in ("keys", "values"):
+                        if getattr(layer, name).dtype != torch.bfloat16:
+                            setattr(layer, name, torch.zeros_like(getattr(layer, name), dtype=torch.bfloat16))
+                            torch._dynamo.mark_static_address(getattr(layer, name))
+                    layer.update = stored_as_cache_dtype(layer)
+            layer.keys[:, :, :src.keys.shape[2]].copy_(src.keys)
+            layer.values[:, :, :src.values.shape[2]].copy_(src.values)
+            layer.cumulative_length.fill_(src.keys.shape[2])
+        self.filled = batch.shape[1]
+        if mask is not None:  # the columns after the prompt are masked until their token is written
+            if self.mask is None:
+                self.mask = mask.new_zeros(self.batch_size, self.cache_len)
+                self.positions = positions.new_zeros(self.batch_size, 1)
+            self.mask.zero_()[:, :self.filled].copy_(mask)
+            self.positions.copy_(positions[:, -1:])
+        return logits
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.device_type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        padding = ()
+        if self.mask is not None:  # the new token's column becomes visible; each row moves on by one
+            self.mask[:, self.filled] = 1
+            self.positions += 1
+            padding = (self.mask, self.positions)
+        self.filled += 1
+        with packed_gqa():
+            return self.compiled_step(ids, *padding).clone()  # the graph's output buffer is reused by the next step
+
+
+def bf16_linear_copy(model) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A twin of `model` for sampling under bf16 autocast: every nn.Linear weight and bias in bfloat16
+    (the casts autocast makes at every forward, so the same numbers), everything else shared with the
+    float32 master (a tied LM head gets its own copy). Returns (twin, [(master, bf16 copy)])."""
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    twin = copy.deepcopy(model, memo)
+    pairs = []
+    for name, module in twin.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            for attr in ("weight", "bias"):
+                master = getattr(model.get_submodule(name), attr)
+                if master is not None:
+                    low = torch.nn.Parameter(master.detach().to(torch.bfloat16), requires_grad=False)
+                    setattr(module, attr, low)
+                    pairs.append((master, low))
+    return twin, pairs
+
+
+def stored_as_cache_dtype(layer):
+    """The layer's update, casting new keys and values to the cache's dtype first: what Inductor's
+    index_copy_ does implicitly, so the step also runs uncompiled (TORCH_COMPILE_DISABLE)."""
+    update = layer.update
+
+    def cast_update(key_states, value_states, *args, **kwargs):
+        return update(key_states.to(layer.keys.dtype), value_states.to(layer.values.dtype), *args, **kwargs)
+    return cast_update
+
+
+@contextmanager
+def packed_gqa():
+    """Grouped-query attention of one query token without repeating K and V to every head: under
+    torch.compile with a mask transformers' sdpa path copies the whole static cache per layer per
+    step (repeat_kv); eager packs the query heads instead. Same sums; the compiled check holds it."""
+    from transformers.integrations import sdpa_attention
+    was = sdpa_attention.is_torchdynamo_compiling
+    sdpa_attention.is_torchdynamo_compiling = _traced_as_eager  # one function object: dynamo guards on it
+    try:
+        yield
+    finally:
+        sdpa_attention.is_torchdynamo_compiling = was
+
+
+def _traced_as_eager() -> bool:
+    return False
+
+
+def check_compiled_decode(decoder: StaticDecoder, model, prompts: list[torch.Tensor], max_new_tokens: int, amp,
+                          rows: int | None = None) -> None:
+    """At the decoder's first generation: compare a few decode steps with eager decoding; beyond the
+    tolerance (or NaN) raise, so that compiled_or_eager falls back to eager with the difference on stderr."""
+    if decoder.checked:
+        return
+    worst, scale = compiled_decode_difference(decoder, model, prompts, max_new_tokens, amp, rows)
+    tolerance = compiled_tolerance(scale, decoder.low_precision)
+    if not worst <= tolerance:  # NaN fails too
+        raise RuntimeError(f"its logits differ from eager decoding by {worst:.3g} (tolerance {tolerance:.3g} "
+                           f"for logits up to {scale:.3g})")
+    decoder.checked = True
+
+
+def compiled_decode_difference(decoder: StaticDecoder, model, prompts: list[torch.Tensor], max_new_tokens: int,
+                               amp, rows: int | None = None, steps: int = 4) -> tuple[float, float]:
+    """(max |compiled - eager| over the logits of a prefill and `steps` decode steps, the largest |eager
+    logit|): both fed eager's argmax, at the generation's shapes, so the graph checked is the one used."""
+    batch, mask, positions = filled_batch(prompts, rows, 0)
+    compiled = decoder.prefill(batch, max_new_tokens, mask, positions)
+    eager, eager_step, _, _ = eager_decoder(model, batch, mask, positions, amp)
+    worst, scale = (compiled.float() - eager.float()).abs().max(), eager.float().abs().max()
+    for _ in range(steps):
+        ids = eager.argmax(dim=-1, keepdim=True)
+        compiled = decoder.step(ids)
+        eager = eager_step(ids)
+        worst = torch.maximum(worst, (compiled.float() - eager.float()).abs().max())
+        scale = torch.maximum(scale, eager.float().abs().max())
+    return float(worst), float(scale)
+
+
+def compiled_tolerance(scale: float, bf16: bool) -> float:
+    """How far compiled logits may lie from eager ones, relative to the largest |logit| (`scale`).
+    Measured (benchmarks/compiled_vs_eager.py, 8 steps): float32 6e-7, bf16 autocast 1.9e-2, bf16
+    weights 7.9e-3. Allowed: float32 1e-5, bf16 1/16 (8 bf16 ulps); a real fault (a step without its
+    context, a stale weight copy) moves logits by a sizeable part of their range."""
+    return (0.0625 if bf16 else 1e-5) * max(scale, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The tree's sampling
+
+@dataclass
+class Tree:
+    """credit=tree: the group sampled as a tree. Leaf i (rollout i, in order) is the path of child indices
+    leaf_paths(levels)[i]; its response is the segments of the nodes along that path, segment k (starting at
+    token segments[i][k]) the node at depth k. A node that ended (EOS or max_new_tokens) has no more segments:
+    the leaves under it are copies of it."""
+    leaves: list[list[int]]      # each leaf's response tokens
+    cut: list[bool]              # each leaf cut at max_new_tokens (no EOS)
+    segments: list[list[int]]    # each leaf's segment starts
+    generated: int               # tokens sampled for the tree, those cut off at a segment's end included
+    entropies: list[list[float]] | None = None  # each leaf token's entropy from the sampler (top_entropy_quantile)
+
+
+def leaf_paths(levels: list[int]) -> list[tuple[int, ...]]:
+    return list(itertools.product(*(range(b) for b in levels)))
+
+
+@torch.no_grad()
+def generate_tree(model, tokenizer, prompt_ids: torch.Tensor, cfg: Config, eos_id: int, draw: int, amp,
+                  record_entropies: bool = False, share_prompt: bool = True) -> Tree:
+    """credit=tree (SPO-tree, TreeRPO): the group's rollouts as a tree that branches tree_branching[k] ways at
+    depth k. Every node is one segment, sampled from prompt + its parent's tokens with the run's sampler and its
+    own random stream (seed, draw, path): at most credit_segment_tokens tokens, cut at the last line or sentence
+    end in them (segment_end; the rest is dropped), except at the last depth, which runs to EOS or
+    max_new_tokens. One batched decode per depth; the prompt's pass runs once for the whole tree (share_prompt:
+    its keys and values are repeated to every row of every depth, which then reads only its parent's tokens;
+    False runs prompt + parent for every row, the same tokens up to float rounding)."""
+    levels, device = tree_levels(cfg.tree_branching), prompt_ids.device
+    nodes = {(): (prompt_ids.new_empty(0), False)}  # path -> (the tokens from the response's start, ended)
+    entropy = {(): []}  # path -> the entropies of its tokens (record_entropies)
+    prompt = shared_prompt_state(model, prompt_ids, amp) if share_prompt else None
+    starts, frontier, generated = {}, [()], 0
+    for depth, branches in enumerate(levels):
+        last = depth == len(levels) - 1
+        children = [path + (c,) for path in frontier for c in range(branches)]
+        live = [p for p in children if not nodes[p[:-1]][1]]
+        rooms = [cfg.max_new_tokens - len(nodes[p[:-1]][0]) for p in live]
+        outs, ents = [], [] if record_entropies else None
+        if live:
+            streams = [torch.Generator(device=device).manual_seed(stream_seed(cfg.seed, "tree", draw, *p)) for p in live]
+            longest = max(rooms) if last else min(cfg.credit_segment_tokens, max(rooms))
+            parents = [nodes[p[:-1]][0] for p in live]
+            outs, _ = decode(model, [torch.cat([prompt_ids, t]) for t in parents], longest, eos_id,
+                             sampling_pick(streams, cfg.temperature, cfg.top_p, device), amp, drop_finished=True,
+                             entropies=ents, prefilled=prompt and after_prompt(model, prompt, parents, amp))
+        sampled = dict(zip(live, zip(outs, rooms, ents or [[]] * len(outs))))
+        for p in children:
+            tokens, ended = nodes[p[:-1]]
+            starts[p], entropy[p] = len(tokens), entropy[p[:-1]]
+            if not ended:
+                out, room, ent = sampled[p]
+                generated += len(out)
+                out = out[:room]
+                stopped = len(out) > 0 and int(out[-1]) == eos_id
+                if not last and not stopped:
+                    out = out[:segment_end([tokenizer.decode([i]) for i in out.tolist()], 0, cfg.credit_segment_tokens,
+                                           whole=False)]
+                tokens, entropy[p] = torch.cat([tokens, out]), entropy[p] + ent[:len(out)]
+                ended = last or stopped or len(tokens) >= cfg.max_new_tokens
+            nodes[p] = (tokens, ended)
+        frontier = children
+    leaves = [nodes[p][0] for p in frontier]
+    segments = [[starts[p[:k + 1]] for k in range(len(p)) if starts[p[:k + 1]] < len(nodes[p][0])] for p in frontier]
+    return Tree([r.tolist() for r in leaves], [not (len(r) and int(r[-1]) == eos_id) for r in leaves], segments,
+                generated, [entropy[p] for p in frontier] if record_entropies else None)
+
+
+def warn_tree_copies(step: int, tree: Tree, t: Trainer) -> None:
+    # A response that ends before the tree's last level leaves its node's other leaves copies of it: on a task of
+    # one-line answers (one segment) the 2,2,2 tree is 2 samples copied 4 times, and learns from far less. The
+    # warning names the cause its numbers show: responses that ended with EOS, or that reached max_new_tokens.
+    cfg, levels = t.cfg, tree_levels(t.cfg.tree_branching)
+    distinct = {path[:len(seg)]: i for i, (path, seg) in enumerate(zip(leaf_paths(levels), tree.segments))}
+    if len(distinct) == len(tree.leaves):
+        return
+    short = [i for path, i in distinct.items() if len(path) < len(levels)]
+    cut = [i for i in short if tree.cut[i]]
+    causes = []
+    if len(cut) < len(short):
+        shorter = ("lower credit_segment_tokens, use fewer levels" if cfg.credit_segment_tokens > 1
+                   else "use fewer levels")
+        causes.append(f"{len(short) - len(cut)} ended with EOS after at most "
+                      f"{max(len(tree.leaves[i]) for i in short if not tree.cut[i])} tokens ({shorter}, or "
+                      "credit=sequence)")
+    if cut:
+        causes.append(f"{len(cut)} reached max_new_tokens={cfg.max_new_tokens} (raise max_new_tokens, or use fewer "
+                      "levels)")
+    warn_once(t, "tree copies", f"warning: step {step}: credit=tree: the group holds {len(distinct)} distinct "
+              f"responses of {len(tree.leaves)}: of the responses that ended before the tree's last level "
+              f"({len(levels)} levels of at most credit_segment_tokens={cfg.credit_segment_tokens} tokens), whose "
+              f"copies fill the other leaves, {' and '.join(causes)} (said once a run)")
+
+
+# ----------------------------------------------------------------------------------------------
+# The rewards' checks and the reward function
+
+def check_rewards(step: int, values: list[float], rewards: torch.Tensor, scored: list[tuple], t: Trainer) -> None:
+    """What a reward_function can get wrong, caught at the step it happens (every rank holds the same group):
+    a failure is said once a run with its reason (each is counted: verifier_crashes, verifier_timeouts); a group
+    whose every call failed stops the run (bad_records: stop) or trains on its zeros (skip); a reward that the
+    group's float32 figures cannot hold (the sample std squares the rewards' spread) stops it."""
+    cfg = t.cfg
+    failed = [(i, s[3] if len(s) > 3 else s[2]) for i, s in enumerate(scored) if s[2] in FAILED]
+    if failed and cfg.reward_function:
+        fn = f"reward_function {cfg.reward_function}"
+        warn_once(t, "reward failed", f"warning: step {step}: {fn} failed on rollout {failed[0][0]}: {failed[0][1]} "
+                  f"(scored 0; said once a run, each failure is counted: metrics.jsonl's verifier_crashes and "
+                  f"verifier_timeouts, the summary's verifier overruns, rollouts.jsonl's error)")
+        if len(failed) == len(scored):
+            if cfg.bad_records == "stop":
+                raise StopRun(f"step {step}: {fn} failed on all {len(scored)} rollouts (the first: {failed[0][1]}); "
+                              "fix it, or set bad_records: skip to train on with their rewards 0", code=2)
+            progress(f"warning: step {step}: {fn} failed on all {len(scored)} rollouts (bad_records: skip): "
+                     "their rewards are 0")
+    if not (torch.isfinite(rewards).all() and torch.isfinite(rewards.mean()) and torch.isfinite(rewards.std())):
+        i = max(range(len(values)), key=lambda k: abs(values[k]))
+        source = (f"reward_function {cfg.reward_function} with reward_weights '{cfg.reward_weights}'"
+                  if cfg.reward_weights else f"reward_function {cfg.reward_function}")
+        raise StopRun(f"step {step}: rollout {i}'s reward {values[i]:g} ({source}) is too large for the group's "
+                      f"float32 mean and sample std (float32 holds up to 3.4e38, and the std squares the rewards' "
+                      f"spread); scale the rewards down", code=2)
+
+
+def reward_file(cfg: Config) -> tuple[str, str] | None:
+    """reward_function's (absolute path, function name) for the verifier's worker, which loads it; None without one."""
+    path, _, name = cfg.reward_function.rpartition(":")
+    return (str(Path(path).expanduser().resolve()), name) if cfg.reward_function else None
+
+
+@contextmanager
+def open_scorer(cfg: Config):
+    """The run's TimedVerifier, its worker started (with a reward_function, its file imported there, within
+    verifier_timeout: an import that raises, hangs or exits is one line)."""
+    scorer = verifier.TimedVerifier(timeout_s=cfg.verifier_timeout, reward_function=reward_file(cfg))
+    try:
+        scorer.__enter__()
+    except verifier.RewardFunctionError as e:
+        raise SharedError(reward_function_unusable(cfg, f"failed: {e} (importing it)"))
+    try:
+        yield scorer
+    finally:
+        scorer.__exit__(None, None, None)
+
+
+def try_reward_function(scorer: verifier.TimedVerifier, problem: dict, cfg: Config) -> None:
+    """A trial call of reward_function on the first record (a response that boxes its answer), before step 1:
+    an exception, hang or non-number result is one line, not 50 zero rewards (a missing function, a wrong
+    signature, a file that cannot be imported: open_scorer)."""
+    if not cfg.reward_function:
+        return
+    result = scorer.score(f"\\boxed{{{problem['answer']}}}", problem["answer"], problem["record"])
+    if len(result) < 4:
+        why = (f"did not return within verifier_timeout {cfg.verifier_timeout:g} s" if result[2] == "timeout"
+               else f"failed: {scorer.last_error}")
+        raise UserError(reward_function_unusable(cfg, f"{why} (a trial call on dataset record {problem['index']})"))
+
+
+def reward_function_unusable(cfg: Config, why: str) -> str:
+    return (f"reward_function {cfg.reward_function} {why}; fix it: it is called as name(response: str, answer: str, "
+            "record: dict) and returns a number")
+
+
+# ----------------------------------------------------------------------------------------------
+# The optimizer step's undo and its copies
+
+def all_finite(weights: list[torch.Tensor]) -> bool:
+    """Whether every weight is finite: each tensor's min and max (a NaN turns both NaN; no overflow, no copy of a
+    weight). 26 ms for SmolLM2's 540 MB on 2 cores, where a max-|w| norm took 200 ms."""
+    return bool(torch.stack([torch.stack(torch.aminmax(w)) for w in weights if w.numel()]).isfinite().all())
+
+
+def update_norm_across_devices(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
+    """update_norm for host buffers of CUDA weights, one tensor at a time: bit for bit the in-place path's norms."""
+    return _combined_norm([torch._foreach_norm([w.float() - b.to(w.device, non_blocking=True)], 2,
+                                               dtype=torch.float64)[0] for w, b in zip(weights, before)])
+
+
+def _combined_norm(norms: list[torch.Tensor]) -> float:
+    return float(torch.linalg.vector_norm(torch.stack(norms).double()))
+
+
+def snapshot_optimizer_state(optimizer, buffers: dict, device=None) -> dict:
+    """The optimizer's per-parameter state as it is now: tensors copied into `buffers` on `device`
+    (default: the host, pinned for CUDA tensors), allocated once and reused; the rest by value."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    saved = {}
+    for p, state in optimizer.state.items():
+        saved[p] = {}
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                value = local(value)
+                buf = buffers.get((id(p), key))
+                if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+                    pin = value.is_cuda and device.type == "cpu"
+                    buf = buffers[(id(p), key)] = torch.empty(value.shape, dtype=value.dtype, device=device,
+                                                              pin_memory=pin)
+                buf.copy_(value, non_blocking=True)
+                value = buf
+            saved[p][key] = value
+    return saved
+
+
+def restore_optimizer_state(optimizer, saved: dict) -> None:
+    for p in list(optimizer.state):
+        if p not in saved:  # the state was created by the step being undone (the run's first)
+            del optimizer.state[p]
+            continue
+        for key, value in saved[p].items():
+            if torch.is_tensor(value):
+                local(optimizer.state[p][key]).copy_(value)
+            else:
+                optimizer.state[p][key] = value
+
+
+UNDO_RESERVE = 16 << 30  # bytes of GPU memory left for generation, evaluation and the backward pass
+
+
+def optimizer_buffer_bytes(params) -> int:
+    """What optimizer_step keeps to undo a step: a float32 copy of the weights and a copy of
+    AdamW's two moments, in the weights' dtype (12 bytes per parameter in float32)."""
+    return sum(local(p).numel() * (4 + 2 * p.element_size()) for p in params)
+
+
+def optimizer_buffer_device(device: torch.device, need: int, free: int) -> torch.device:
+    """On the GPU when its free memory holds them twice over (with the gradients and moments the first
+    step allocates) plus UNDO_RESERVE, else in pinned host memory (PCIe twice a step); same numbers."""
+    return device if device.type == "cuda" and free >= 2 * need + UNDO_RESERVE else torch.device("cpu")
+
+
+def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
+    """float32 buffers for the weights before each step, allocated once where optimizer_buffer_device
+    puts them (pinned on the host, for asynchronous copies); the AdamW state's copies follow them."""
+    where = torch.device("cpu")
+    if device.type == "cuda":
+        need, free = optimizer_buffer_bytes(params), available_memory(device)
+        where = optimizer_buffer_device(device, need, free)
+        place = f"on {where}" if where.type == "cuda" else "in pinned host memory (copied across PCIe every step)"
+        progress(f"optimizer step: the copies that undo a non-finite step ({need / 1e9:.1f} GB) are kept {place}; "
+                 f"{free / 1e9:.1f} GB free on {device}")
+    on_host = where.type == "cpu"  # else beside each weight (empty_like keeps its device)
+    buffers = [torch.empty_like(local(p), dtype=torch.float32, device="cpu" if on_host else None) for p in params]
+    return [b.pin_memory() for b in buffers] if device.type == "cuda" and on_host else buffers
+
+
+# ----------------------------------------------------------------------------------------------
 # Logging and trackers
+
+def token_changes(slot: Slot, epochs: list[dict], t: Trainer) -> list | None:
+    """token_report, for a group with reward variance whose step's update was taken: every response token's
+    log-probability before the step (the first pass's) and after it (one more forward per response),
+    the whole group's (gathered; rank 0 writes them to tokens.jsonl)."""
+    if not t.cfg.token_report or no_signal(slot.group, slot.credit) or epochs[-1]["update_norm"] is None:
+        return None
+    amp = autocast(t.device, t.precision)
+    with torch.no_grad():
+        after = [token_log_probs(t.model, slot.prompt_ids, r, amp) for r in slot.responses]
+    mine = [(r.tolist(), b.tolist(), a.tolist()) for r, b, a in zip(slot.responses, slot.first.token_log_probs, after)]
+    group = [x for share in gather_objects(mine) for x in share]
+    return [{"token_ids": ids, "tokens": [t.tokenizer.decode([i]) for i in ids], "before": b, "after": a}
+            for ids, b, a in group]
+
 
 def log_step(record: StepRecord, t: Trainer, s: RunState) -> None:
     """The step's row on stdout and its lines in metrics.jsonl, rollouts.jsonl (and tokens.jsonl). After
@@ -2814,6 +2869,8 @@ def log_step(record: StepRecord, t: Trainer, s: RunState) -> None:
 COLUMNS = [("step", 6), ("correct/{G}", 11), ("reward mean", 13), ("sample std", 12),
            ("response tokens", 17), ("policy loss", 13), ("grad norm", 11), ("update norm", 13),
            ("seconds", 0)]
+
+
 # Shown only when their variant is on, before the seconds: the spec's table stays as it is.
 EXTRA_COLUMNS = [("epoch", 7), ("clipped", 9), ("kl", 11), ("generated", 11), ("problems", 10)]
 
@@ -3040,6 +3097,7 @@ def parse_json_line(path: Path, number: int, line: bytes, keys: tuple[str, ...])
 
 
 JSONL_FIX = "restore it from the newest checkpoint (checkpoints/step-*/ keep a copy of the logs) or delete that line"
+
 
 # Watching a run: the step bar, the trackers of report_to (each imported only when named), run.png.
 TRACKERS = ("tensorboard", "wandb", "trackio")  # report_to's names; each one's pip package has its name
@@ -3784,17 +3842,26 @@ def eval_line(phase: str, records: list[dict], samples: int, seconds: float) -> 
 # Checkpoints and the output folder
 
 LOG_FILES = ("metrics.jsonl", "rollouts.jsonl")  # a run's logs; every checkpoint holds a copy
+
+
 # Every file a run appends to (the logs, and those of token_report and evaluation when on): a checkpoint
 # keeps a copy of each one there is, a resume puts back the checkpoint's (dropping what was logged after
 # it), a fresh start and overwrite=true remove them. A new appended file belongs here (tests/test_output_dir.py).
 APPENDED_FILES = (*LOG_FILES, "tokens.jsonl", "eval.jsonl")
+
+
 # The resolved settings at the top of output_dir. Not config.yaml, the user's name (--config
 # output_dir/config.yaml, or output_dir=., must not replace the file it reads); checkpoints keep config.yaml.
 RUN_CONFIG = "run_config.yaml"
+
 RUN_CONFIG_MARK = "# rlvr: the resolved settings of the run in this folder\n"  # without it: not ours
+
 RUN_FILES = (*APPENDED_FILES, RUN_CONFIG, "eval_summary.json", "run.png", "tokens.png", "credit.png")  # what a run writes at the top
+
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json", "config.yaml", *LOG_FILES)
+
 MANIFEST = "manifest.json"                       # size and sha256 of every file beside it, written last
+
 LOCK_FILE = ".rlvr.lock"
 
 

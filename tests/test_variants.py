@@ -210,7 +210,7 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     cfg = T.Config(group_size=4, format_reward=0.5)
     t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg)
     responses = [torch.tensor(tokenizer.encode(x)) for x in "abcd"]
-    group = T.score_group(1, responses, [False, False, False, True], "2", t)  # d was cut at the limit
+    group = T.score_group(1, responses, [False, False, False, True], {"answer": "2"}, t)  # d was cut at the limit
     assert group.rewards.tolist() == [1.5, 0.5, 0.0, 0.0]
     adv = T.compute_advantages(group.rewards, cfg.std_eps, zero_variance=group.zero_variance)
     record = T.step_report(1, [_slot({"index": 0}, group, adv)], cfg, [ONE_EPOCH], T.Stopwatch(torch.device("cpu")))
@@ -221,7 +221,7 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
     scores = {x: (0.0, "3", "wrong") for x in "abcdefgh"}
     cfg = T.Config(group_size=8, format_reward=0.1)
     t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg)
-    group = T.score_group(2, [torch.tensor(tokenizer.encode(x)) for x in "abcdefgh"], [False] * 8, "2", t)
+    group = T.score_group(2, [torch.tensor(tokenizer.encode(x)) for x in "abcdefgh"], [False] * 8, {"answer": "2"}, t)
     adv = T.compute_advantages(group.rewards, cfg.std_eps, zero_variance=group.zero_variance)
     metrics = T.step_report(2, [_slot({"index": 1}, group, adv)], cfg, [ONE_EPOCH],
                             T.Stopwatch(torch.device("cpu"))).metrics
