@@ -416,17 +416,22 @@ def test_the_samplers_entropies_are_the_forwards_at_the_position_that_predicts_e
 
 
 @pytest.mark.parametrize("branching", ["2,2", "4,2", "2,4", "2,2,2"])
-def test_the_trees_shared_prompt_pass_gives_the_per_row_trees_tokens(branching, tiny_model):
+def test_the_trees_shared_prompt_pass_gives_the_per_row_trees_tokens(branching, tiny_model, monkeypatch):
     """The prompt's pass run once for every row of every depth (its cache repeated, each row then reading its
-    parent's tokens) samples the same tree as prompt + parent run for every row."""
+    parent's tokens) samples the same tree as prompt + parent run for every row; the shared tree runs no
+    prompt + parent pass at all (decode takes the prefilled state), the per-row one one per depth."""
     model, _ = tiny_model
     size = math.prod(int(b) for b in branching.split(","))
     cfg = T.Config(group_size=size, credit="tree", tree_branching=branching, credit_segment_tokens=3,
                    max_new_tokens=9, temperature=1.0, device="cpu")
     tok = SimpleNamespace(decode=lambda ids: "\n" if ids[0] % 7 == 0 else "x")  # a line end now and then
     prompt = torch.tensor([5, 17, 33, 100, 7])
+    passes, real = [], T.eager_decoder
+    monkeypatch.setattr(T, "eager_decoder", lambda *a, **k: passes.append(len(a[1])) or real(*a, **k))
     shared = T.generate_tree(model, tok, prompt, cfg, -1, 3, T.nullcontext())
+    assert passes == []
     per_row = T.generate_tree(model, tok, prompt, cfg, -1, 3, T.nullcontext(), share_prompt=False)
+    assert len(passes) == len(branching.split(","))  # one batched prompt + parent pass per depth
     assert shared == per_row and len(shared.leaves) == size
     assert len({tuple(leaf[:seg[1]]) for leaf, seg in zip(shared.leaves, shared.segments) if len(seg) > 1}) > 1
 
