@@ -85,6 +85,7 @@ def one_run(model: Path, lr: str, seed: int, on: str, out: Path, sampled: tuple[
            "paired": summary["comparison"]["paired"], "steps": len(metrics),
            "nonzero_gradient_steps": sum(m["grad_norm"] > 0 for m in metrics),
            "rollout_reward_first10": sum(early) / len(early), "rollout_reward_last10": sum(late) / len(late),
+           "generated_tokens": sum(m["response_tokens"] for m in metrics),
            "step_seconds": sum(m["seconds"] for m in metrics), "run_seconds": wall}
     if sampled:
         k, n = sampled
