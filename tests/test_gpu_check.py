@@ -29,12 +29,13 @@ def tiny_config_dir(folder):
 
 
 def problem_files(tmp_path):
-    """The real problems when ../shared has them, else small files of the same fields."""
+    """The real problems when ../shared has them, else small files of the same fields (24 training problems: the
+    train-batched section's --steps 3 x 8 by default, which the argument check asks for)."""
     train, test = SHARED / "data" / "math_train_first50.json", SHARED / "data" / "math500_test.json"
     if train.exists() and test.exists():
         return train, test
     train, test = tmp_path / "train.json", tmp_path / "test.jsonl"
-    train.write_text(json.dumps([{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(5)]))
+    train.write_text(json.dumps([{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(24)]))
     test.write_text("\n".join(json.dumps({"problem": f"What is {i} * 3?", "answer": str(3 * i), "level": 1,
                                           "subject": "Algebra"}) for i in range(6)))
     return train, test
