@@ -2932,7 +2932,7 @@ def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 
     last, evaluations and checkpoints included; the steps' own seconds count those before a resume too."""
     n_rollouts = sum(rollouts_of(m) for m in metrics)
     n_correct = sum(m["correct"] for m in metrics)
-    flat, groups = sum(flat_groups(m) for m in metrics), sum(len(m.get("groups", [m])) for m in metrics)
+    flat, groups = sum(flat_groups(m) for m in metrics), sum(len(step_groups(m)) for m in metrics)
     grad_steps = [m["step"] for m in metrics if not m["skipped"] and m["grad_norm"] > 0]
     moved = [m["step"] for m in metrics if not m["skipped"] and m["update_norm"] > 0]
     skipped = [m["step"] for m in metrics if m["skipped"]]
@@ -2961,14 +2961,19 @@ def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 
     return "\n".join(lines)
 
 
+def step_groups(m: dict) -> list[dict]:
+    """The figures of each group a step trained on: its record's own (with P problems, those under "groups")."""
+    return m.get("groups", [m])
+
+
 def rollouts_of(m: dict) -> int:
     """The rollouts a step trained on: its group's (with P problems, its groups')."""
-    return m["group_size"] * len(m.get("groups", [m]))
+    return m["group_size"] * len(step_groups(m))
 
 
 def flat_groups(m: dict) -> int:
     """The step's zero-variance groups: 0 or 1 (with P problems, up to P)."""
-    return sum(g["reward_std"] == 0 for g in m.get("groups", [m]))
+    return sum(g["reward_std"] == 0 for g in step_groups(m))
 
 
 def total_time(metrics: list[dict], total_seconds: float, first_step: int) -> str:
@@ -3199,7 +3204,7 @@ def step_scalars(m: dict, history: list[dict]) -> dict[str, float]:
     g, gen = rollouts_of(m), m["timings"].get("generation", 0.0)
     scalars = {
         "reward": m["reward_mean"], "reward_std": m["reward_std"],
-        "frac_reward_zero_std": flat_groups(m) / len(m.get("groups", [m])),
+        "frac_reward_zero_std": flat_groups(m) / len(step_groups(m)),
         "correct": m["correct"], "completions/mean_length": m["response_tokens"] / g,
         "completions/clipped_ratio": m["cut_at_limit"] / g, "completions/no_answer_ratio": m["no_answer"] / g,
         "loss": float(m["policy_loss"]), "grad_norm": float(m["grad_norm"]), "step_time": m["seconds"],

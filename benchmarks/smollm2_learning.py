@@ -79,7 +79,7 @@ def one_run(model: Path, lr: str, seed: int, on: str, out: Path, sampled: tuple[
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
     trained = [r["reward"] for r in rollouts if not r.get("set_aside")]  # in problem order, whatever P
-    group = len(rollouts) // sum(len(m.get("problems", [0])) for m in metrics)
+    group = metrics[0]["group_size"]  # rollouts per problem
     early, late = trained[:10 * group], trained[-10 * group:]  # the first and the last 10 problems' rollouts
     res = {"learning_rate": float(lr), "seed": seed, "on": on, "settings": list(settings), "greedy": read_eval(folder),
            "paired": summary["comparison"]["paired"], "steps": len(metrics),
