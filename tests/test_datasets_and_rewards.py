@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -369,6 +370,20 @@ def test_a_reward_too_large_for_float32_stops_the_run_naming_it(name, weights, v
             "group's float32 mean and sample std") in err
     assert "inf" not in out and "nan" not in out and "Traceback" not in err
     assert read_lines(tmp_path / "out" / "metrics.jsonl") == []
+
+
+def test_rewards_whose_sample_std_overflows_float32_stop_the_step():
+    """+-3e38 are float32 numbers and their mean is 0, but their sample std (3.46e38) is not one: the step stops
+    naming the largest reward, before an inf could reach the advantages."""
+    values = [3e38, -3e38, 3e38, -3e38]
+    rewards = torch.tensor(values)
+    assert torch.isfinite(rewards).all() and rewards.mean() == 0 and rewards.std() == float("inf")
+    t = SimpleNamespace(cfg=T.Config(reward_function="r.py:score"), warned=set())
+    with pytest.raises(T.StopRun, match=r"step 3: rollout 0's reward 3e\+38 \(reward_function r.py:score\) is too "
+                                        r"large for the group's float32 mean and sample std"):
+        T.check_rewards(3, values, rewards, [(v, None, "wrong") for v in values], t)
+    held = [3e38, -3e38, 0.0, 0.0]  # sample std 2.45e38: float32 holds it
+    T.check_rewards(3, held, torch.tensor(held), [(v, None, "wrong") for v in held], t)
 
 
 @pytest.mark.parametrize("name, why", [
