@@ -261,11 +261,12 @@ def test_the_variants_give_the_one_process_run_on_two_sharded_processes(tiny_mod
     _assert_same_run((one, one_stdout), out, stdout)
 
 
-@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
 def test_kl_ppo_resample_and_token_report_give_the_one_process_run_on_two_processes(
-        tiny_model_dir, tiny_data_file, tmp_path, monkeypatch, capsys, sharding):
+        tiny_model_dir, tiny_data_file, tmp_path, monkeypatch, capsys):
     """The reference is sharded like the model, the epochs' ratios and the KL are per rank's tokens
-    and summed, the groups set aside are the same on every rank (the rewards are gathered first)."""
+    and summed, the groups set aside are the same on every rank (the rewards are gathered first). fsdp only:
+    replicate's reference is a whole copy on each rank and its sums are the plain run's (the first test;
+    one torchrun launch is ~15 s of the suite's budget)."""
     variants = ["kl_coef=0.2", "ppo_epochs=2", "zero_variance=resample", "resample_limit=2", "token_report=true",
                 "eval_problems=0"]
     one = tmp_path / "one"
@@ -275,7 +276,7 @@ def test_kl_ppo_resample_and_token_report_give_the_one_process_run_on_two_proces
     monkeypatch.undo()
     assert code == 0
     out = tmp_path / "two"
-    code, stdout, stderr, _ = _torchrun(_args(tiny_model_dir, tiny_data_file, out, f"sharding={sharding}", *variants),
+    code, stdout, stderr, _ = _torchrun(_args(tiny_model_dir, tiny_data_file, out, "sharding=fsdp", *variants),
                                         {"flat_answers": ["2"]})
     assert code == 0, stderr[-3000:]
     keys = ("step", "problem_index", "rollout", "response", "reward", "advantage", "tokens", "set_aside")
@@ -314,13 +315,14 @@ def credit_one_process(tiny_model_dir, tiny_data_file, tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
-@pytest.mark.parametrize("credit", ["monte_carlo", "tree"])
+@pytest.mark.parametrize("credit, sharding", [("monte_carlo", "replicate"), ("tree", "fsdp")])
 def test_each_credit_gives_the_one_process_run_on_two_processes(credit_one_process, tiny_model_dir, tiny_data_file,
                                                                 tmp_path, credit, sharding):
     """Continuations and branches draw from streams keyed by (seed, draw, rollout, cut, sample) or the node's
     path, the tree is rank 0's on every rank, values and entropies are gathered: two processes take the
-    one-process run's rollouts, credit and steps (rewards by the text, whichever rank scores it)."""
+    one-process run's rollouts, credit and steps (rewards by the text, whichever rank scores it). Each method on
+    one sharding: what differs between the shardings (the gradient's sum) is the same code for every credit and
+    is compared by the first test on both."""
     out = tmp_path / "two"
     code, stdout, stderr, _ = _torchrun(_args(tiny_model_dir, tiny_data_file, out, "num_problems=2",
                                               "eval_problems=0", f"sharding={sharding}", *CREDITS[credit]),
