@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, SHARED, build_tiny_tokenizer
+from conftest import ROOT, SHARED, bf16_attention_problem, build_tiny_tokenizer
 
 SECTIONS = ["train-compiled", "train-batched", "train-eager", "eval", "nccl", "train-bf16"]
 
@@ -63,10 +63,13 @@ def test_gpu_check_runs_every_section_on_the_cpu(tmp_path):
     # TORCH_COMPILE_DISABLE: the compiled sections run their code (StaticDecoder, the check) without Inductor
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TORCH_COMPILE_DISABLE="1"), capture_output=True,
                           text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    # where bfloat16 attention cannot run on this CPU's chosen kernels (conftest), train-bf16 fails and says so
+    bf16_fails = bf16_attention_problem() is not None
+    assert proc.returncode == int(bf16_fails), proc.stderr[-4000:]
     r = json.loads(out.read_text())
     assert list(r["sections"]) == SECTIONS
-    assert {name: s["status"] for name, s in r["sections"].items()} == {name: "ok" for name in SECTIONS}
+    assert {name: s["status"] for name, s in r["sections"].items()} == {
+        name: "failed (exit 1)" if name == "train-bf16" and bf16_fails else "ok" for name in SECTIONS}
     assert r["env"]["torch"] == torch.__version__ and r["env"]["device"] == "cpu" and r["env"]["gpu"] is None
     assert r["model"]["layers"] == 2 and r["model"]["hidden"] == 64 and r["model"]["vocab"] == vocab
     assert r["table"] in proc.stdout and all(name in r["table"] for name in SECTIONS)
@@ -75,6 +78,8 @@ def test_gpu_check_runs_every_section_on_the_cpu(tmp_path):
 
     for name, compile_, precision in (("train-compiled", "true", "auto"), ("train-batched", "true", "auto"),
                                       ("train-eager", "false", "auto"), ("train-bf16", "true", "bf16")):
+        if name == "train-bf16" and bf16_fails:
+            continue
         sec = r["sections"][name]
         per_step = 2 if name == "train-batched" else 1  # problems_per_step: 2 problems a step, 4 in all
         assert {f"compile={compile_}", f"precision={precision}", f"num_problems={2 * per_step}", "max_new_tokens=8",

@@ -724,7 +724,7 @@ def test_update_norm_through_reused_host_buffers_is_the_same(tiny_model_dir):
 
 @pytest.mark.parametrize("precision", ["bf16", "bf16-autocast"])
 def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_file, tmp_path, capsys, monkeypatch,
-                                                   precision):
+                                                   precision, bf16_attention):
     """Each step's loss, sequence log-probs and gradient against a float32 copy of the model on the
     same tokens. Stated tolerances (measured: at most 0.0015 on log-probs of about -45, 0.6 % on
     the gradient): log-probs within 1e-4 relative + 0.005 (a sum rounded to bf16, 0.25 apart at
