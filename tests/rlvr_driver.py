@@ -7,6 +7,8 @@ variable RLVR_DRIVER (JSON). Nothing here is part of the product.
   text_rewards: true    a text scores 1 when its length is even (by_text), whoever scores it
   die_at: [rank, step]  that rank SIGKILLs itself as it starts generating for that step
   hang_at: [rank, step] that rank sleeps (for an hour) as it starts generating for that step
+  pause_at: [step, s]   every rank sleeps s seconds as it starts generating for that step (a signal sent when
+                        the step says it is generating lands inside it, however fast the machine)
   flip_advantages: true the advantages' sign is negated: training pushes away from the reward
   random_sign: SEED     each step's advantages get a random sign (drawn from random.Random(SEED)):
                         updates as large as the real ones that point nowhere in particular
@@ -57,6 +59,8 @@ def main():
         for key, act in (("die_at", lambda: os.kill(os.getpid(), signal.SIGKILL)), ("hang_at", lambda: time.sleep(3600))):
             if opts.get(key) == [T.RANKS.rank, step]:
                 act()
+        if opts.get("pause_at", [None])[0] == step:
+            time.sleep(opts["pause_at"][1])
         return real_streams(seed, step, rollouts, device)
     T.rollout_streams = streams
     if opts.get("flip_advantages"):

@@ -194,7 +194,10 @@ def test_a_hung_rank_ends_the_run_within_dist_timeout(tiny_model_dir, tiny_data_
 def test_sigterm_to_the_launcher_checkpoints_the_last_step_and_stops(one_process, tiny_model_dir, tiny_data_file,
                                                                       tmp_path, monkeypatch, capsys):
     out = tmp_path / "term"
-    env = dict(os.environ, RLVR_DRIVER=json.dumps({"fake_rewards": True}), PYTHONUNBUFFERED="1")
+    # pause_at: step 2 waits 3 s as it starts generating, so the signal lands inside it (on a fast idle machine
+    # the tiny model's step 2 could otherwise finish before torchrun forwards the signal: then step 2 is the last
+    # completed one, and CI saw that once)
+    env = dict(os.environ, RLVR_DRIVER=json.dumps({"fake_rewards": True, "pause_at": [2, 3]}), PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(DRIVER),
            *_args(tiny_model_dir, tiny_data_file, out, "save_every=0", "sharding=fsdp")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -208,8 +211,9 @@ def test_sigterm_to_the_launcher_checkpoints_the_last_step_and_stops(one_process
     proc.wait(timeout=120)
     assert "stopped by SIGTERM" in seen, seen[-3000:]
     done = T.list_checkpoints(out)
-    assert len(done) == 1 and T.verify_checkpoint(done[0]) is None  # the last completed step, written on the way out
-    assert f"checkpoint of step {int(done[0].name[5:])}" in seen
+    # the last completed step (1: the signal came inside step 2), written on the way out
+    assert [d.name for d in done] == ["step-000001"] and T.verify_checkpoint(done[0]) is None
+    assert "checkpoint of step 1" in seen
     code, resumed_stdout, err = _in_process(_args(tiny_model_dir, tiny_data_file, out, "resume=auto"), monkeypatch,
                                             capsys)
     assert code == 0, err
