@@ -59,8 +59,9 @@ def main():
         for key, act in (("die_at", lambda: os.kill(os.getpid(), signal.SIGKILL)), ("hang_at", lambda: time.sleep(3600))):
             if opts.get(key) == [T.RANKS.rank, step]:
                 act()
-        if opts.get("pause_at", [None])[0] == step:
-            time.sleep(opts["pause_at"][1])
+        pause_step, seconds = opts.get("pause_at", (None, 0))
+        if pause_step == step:
+            time.sleep(seconds)
         return real_streams(seed, step, rollouts, device)
     T.rollout_streams = streams
     if opts.get("flip_advantages"):

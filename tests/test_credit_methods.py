@@ -2,6 +2,7 @@
 stderr and exit status 2, and --summary needs --out's results.json alone."""
 
 import json
+import statistics
 import sys
 
 import pytest
@@ -70,6 +71,5 @@ def test_the_sum4_heldout_table_in_the_docs_is_the_committed_record():
                f"{r['step_seconds']:.0f} |")
         assert row in docs, row
     change = [(r["greedy"]["after"]["correct"] - r["greedy"]["before"]["correct"]) / 2 for r in runs]
-    mean = sum(change) / 6
-    sd = (sum((c - mean) ** 2 for c in change) / 5) ** 0.5
-    assert f"Mean {mean:+.1f} points (sd {sd:.1f}), {sum(r['generated_tokens'] for r in runs) / 6:,.0f} generated" in docs
+    tokens = statistics.mean(r["generated_tokens"] for r in runs)
+    assert f"Mean {statistics.mean(change):+.1f} points (sd {statistics.stdev(change):.1f}), {tokens:,.0f} generated" in docs
