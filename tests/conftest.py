@@ -2,9 +2,12 @@
 Qwen3, written to a temp folder and loaded back through the product's real from_pretrained code."""
 
 import functools
+import getpass
 import json
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from tiny_models import EOS, build_like, build_tiny_qwen3, build_tiny_tokenizer  # noqa: E402,F401
+
+# torch.compile's on-disk cache does not key its code by the CPU kernels ATEN_CPU_CAPABILITY picks: code cached in
+# a run under one capability and reloaded under another computed NaN and 1e32 logits (the trainer's check against
+# eager decoding caught it and fell back; the compiled-path tests failed). One cache per capability, unless the
+# caller chose a folder.
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_aten_{os.environ['ATEN_CPU_CAPABILITY']}")
 
 
 @pytest.fixture(scope="session")
@@ -64,10 +75,10 @@ def inductor_problem() -> str | None:
 @functools.cache
 def bf16_attention_problem() -> str | None:
     """Why bfloat16 attention does not run on this CPU under the kernels chosen, or None. Seen with torch 2.13
-    under ATEN_CPU_CAPABILITY=default on a CPU with AMX: from about 64 positions its flash kernel packs the
-    operands for AMX (the CPU has it) with a routine built per capability, which the forced default refuses
-    ("pack_vnni2 is only supported when avx512 is supported"). No real CPU pairs AMX with default kernels, so
-    the bf16 tests skip there, with the reason, rather than test the override."""
+    under ATEN_CPU_CAPABILITY=default and =avx2 on a CPU with AMX: from about 64 positions its flash kernel packs
+    the operands for AMX (the CPU has it) with a routine built per capability, which a forced capability below
+    avx512 refuses ("pack_vnni2 is only supported when avx512 is supported"). No real CPU pairs AMX with those
+    kernels, so the bf16 tests skip there, with the reason, rather than test the override."""
     q = torch.zeros(1, 2, 96, 16, dtype=torch.bfloat16)
     try:
         torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
