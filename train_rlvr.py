@@ -789,7 +789,8 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
     total = 0.0
     for value in loss_values:  # summed in response order
         total += value
-    sums = torch.stack([torch.stack(x).sum().float() if x else torch.zeros(()) for x in (kls, held)]).tolist()
+    nothing = losses[0].new_zeros((), dtype=torch.float32)  # on the model's device, like the sums beside it
+    sums = torch.stack([torch.stack(x).sum().float() if x else nothing for x in (kls, held)]).tolist()
     return Pass(total, seq_log_probs, token_lps, *sums)
 
 
@@ -2531,6 +2532,9 @@ def packed_gqa():
     torch.compile with a mask transformers' sdpa path copies the whole static cache per layer per
     step (repeat_kv); eager packs the query heads instead. Same sums; the compiled check holds it."""
     from transformers.integrations import sdpa_attention
+    if not hasattr(sdpa_attention, "is_torchdynamo_compiling"):  # transformers before the one-query packing (5.17):
+        yield  # its sdpa path repeats K and V eagerly too; compiled, it copies the cache (slower, the same sums)
+        return
     was = sdpa_attention.is_torchdynamo_compiling
     sdpa_attention.is_torchdynamo_compiling = _traced_as_eager  # one function object: dynamo guards on it
     try:

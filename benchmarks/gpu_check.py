@@ -289,6 +289,8 @@ def nccl_child(name: str) -> int:
     import torch.distributed as dist
 
     device = torch.device(name)
+    if device.type == "cuda" and device.index is None:  # set_device needs an index (torch 2.11 refuses "cuda")
+        device = torch.device("cuda", torch.cuda.current_device())
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL's object collectives use the current device

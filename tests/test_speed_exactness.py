@@ -2,7 +2,7 @@
 computation it replaces (transformers' warpers, the one-response-at-a-time backward, the float32
 master weights under autocast, the DynamicCache decode)."""
 
-import shutil
+import types
 
 import pytest
 import torch
@@ -321,6 +321,23 @@ def test_compiled_decode_runs_and_matches_eager_in_float32(tiny_model, inductor)
     decoders = T.Decoders()
     assert _rollouts(model, cfg, T.nullcontext(), decoders=decoders) == eager
     assert decoders.failed is None and decoders.static["rollouts"][-1].checked
+
+
+def test_packed_gqa_leaves_a_transformers_without_the_packing_alone(monkeypatch):
+    # transformers 5.17 (the GPU box's) has no is_torchdynamo_compiling in its sdpa module; on an H100 the
+    # patch's AttributeError sent every compiled decode to eager. Its sdpa path is used as it is there.
+    import transformers.integrations
+    from transformers.integrations import sdpa_attention
+
+    packing = sdpa_attention.is_torchdynamo_compiling
+    with T.packed_gqa():
+        assert sdpa_attention.is_torchdynamo_compiling is T._traced_as_eager
+    assert sdpa_attention.is_torchdynamo_compiling is packing
+    older = types.SimpleNamespace(sdpa_attention_forward=sdpa_attention.sdpa_attention_forward)
+    monkeypatch.setattr(transformers.integrations, "sdpa_attention", older)
+    with T.packed_gqa():
+        assert vars(older) == {"sdpa_attention_forward": sdpa_attention.sdpa_attention_forward}
+    assert vars(older) == {"sdpa_attention_forward": sdpa_attention.sdpa_attention_forward}
 
 
 def test_compile_setting():
