@@ -150,3 +150,31 @@ def test_gpu_check_bad_arguments_are_one_line_and_exit_2(tmp_path, flags, messag
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and message in proc.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_the_h100_figures_in_the_docs_are_the_records():
+    """docs/speed.md's H100 table and the README's figures, read back from benchmarks/gpu_check_h100.json."""
+    record = json.loads((ROOT / "benchmarks" / "gpu_check_h100.json").read_text())
+    sections = record["second_call"]["result"]["sections"]
+    assert record["second_call"]["result"]["env"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    docs = (ROOT / "docs" / "speed.md").read_text()
+    for name in ("train-compiled", "train-eager"):
+        s = sections[name]["summary"]
+        step1, step2 = s["per_step"]
+        row = next(line for line in docs.splitlines() if line.startswith(f"| `{name}`"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1:] == [f"{step1['seconds']:.2f}", f"{step2['seconds']:.2f}", f"{step2['tokens_per_s']:,.0f}",
+                             f"{step2['logprob_backward_seconds']:.2f}", f"{step2['optimizer_seconds']:.3f}",
+                             f"{s['peak_memory']['cuda_allocated_bytes'] / 1e9:.1f} GB"], name
+    compiled, eager = (sections[n]["summary"]["per_step"][1] for n in ("train-compiled", "train-eager"))
+    first_extra = sections["train-compiled"]["summary"]["first_step_extra_generation_seconds"]
+    assert f"{compiled['tokens_per_s'] / eager['tokens_per_s']:.1f}x eager's tokens" in docs
+    assert f"({eager['seconds'] / compiled['seconds']:.1f}x)" in docs
+    assert f"{first_extra:.1f} s more generation" in docs
+    evaluation = sections["eval"]["summary"]
+    assert f"{evaluation['tokens']:,} tokens in {evaluation['seconds']:.1f} s ({evaluation['printed_tokens_per_s']}" in docs
+    readme = (ROOT / "README.md").read_text()
+    assert (f"took {compiled['seconds']:.1f} s with the compiled decode ({compiled['tokens_per_s']:,.0f} generated "
+            f"tokens/s) against {eager['seconds']:.1f} s eager ({eager['tokens_per_s']:.0f} tokens/s)") in " ".join(
+        readme.split())
+    assert f"compiling cost the first step {first_extra:.0f} s" in readme
