@@ -329,6 +329,22 @@ def _token_lps(model, prompt, r):
     return torch.stack([logp[len(prompt) - 1 + t, tok] for t, tok in enumerate(r.tolist())])
 
 
+def test_the_kl_pass_makes_its_tensors_on_the_models_device_not_the_default_one(tiny_model):
+    """On an H100 the KL path stacked a CPU zero (the clip's empty sum) with the GPU's KL sum and every
+    kl_coef run crashed at its first backward. Here the default device is meta while the model is on
+    the CPU: a tensor made without the model's device is a meta tensor, and stacking it fails the same way."""
+    model, _ = tiny_model
+    params, ref = list(model.parameters()), _perturbed_copy(model)
+    prompt, responses = _group()
+    divisors = T.loss_divisors("sequence_sum", [len(r) for r in responses], MAX_NEW)
+    adv = advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    with torch.device("meta"):
+        done = T.accumulate_policy_gradient(model, params, prompt, responses, adv, 4, T.nullcontext(), 1, divisors,
+                                            T.LossTerms(divisors, reference=ref, kl_coef=0.3))
+    assert done.kl > 0 and done.clipped == 0.0 and all(p.grad.device.type == "cpu" for p in params)
+    model.zero_grad(set_to_none=True)
+
+
 @pytest.mark.parametrize("aggregation", ["sequence_sum", "token_mean"])
 def test_the_kl_term_gives_the_hand_computed_loss_and_gradient(tiny_model, aggregation):
     """loss = sum_i (-A_i sum_t l_it + beta sum_t k3_it) / divisor_i, k3 against a reference that
