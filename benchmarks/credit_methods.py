@@ -176,6 +176,32 @@ def summary(results: list[dict], out: Path) -> str:
     return "\n".join(lines)
 
 
+def paired_differences(results: list[dict]) -> str:
+    """Each method's change of greedy accuracy minus `sequence`'s at the same task, problem set and seed (the two
+    runs share the seed's problems, sampling seed and start model): per seed, their mean and sd, and an exact
+    two-sided sign test over the seeds (ties dropped; the binomial test of seeds above against seeds below)."""
+    import statistics
+
+    import train_rlvr as T
+
+    change = {(r["task"], r["on"], variant(r), r["seed"]): 100 * (r["greedy"]["after"]["accuracy"]
+              - r["greedy"]["before"]["accuracy"]) for r in results}
+    lines = ["| task | set | method | seeds | difference from `sequence` per seed (points) | mean (sd) | "
+             "seeds above / below | sign test p |", "|---|---|---|---|---|---|---|---|"]
+    for task, on, method in dict.fromkeys((r["task"], r["on"], variant(r)) for r in sorted(results, key=run_order)):
+        seeds = sorted(seed for (t, o, m, seed) in change if (t, o, m) == (task, on, method)
+                       and (task, on, "sequence", seed) in change)
+        if method == "sequence" or not seeds:
+            continue
+        diffs = [change[task, on, method, seed] - change[task, on, "sequence", seed] for seed in seeds]
+        above, below = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+        sd = f" ({statistics.stdev(diffs):.1f})" if len(diffs) > 1 else ""
+        lines.append(f"| {task} | {on} | {method} | {', '.join(map(str, seeds))} | "
+                     f"{', '.join(f'{d:+.1f}' for d in diffs)} | {statistics.mean(diffs):+.1f}{sd} | {above} / {below} | "
+                     f"{T.mcnemar_exact_p(above, below):.2g} |")
+    return "\n".join(lines)
+
+
 def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
     """One group of a finished run drawn as credit.png draws it (train_rlvr.credit_figure): the first step with
     reward variance, each token on a background coloured by the advantage the loss gave it. Its tokens are the
@@ -299,6 +325,8 @@ def main() -> int:
         print(table(sorted(results, key=run_order)))
         print()
         print(summary(results, out))
+        print()
+        print(paired_differences(results))
         return 0
     if args.add_sampled:
         saved = out / "results.json"

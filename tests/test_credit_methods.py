@@ -73,3 +73,19 @@ def test_the_sum4_heldout_table_in_the_docs_is_the_committed_record():
     change = [(r["greedy"]["after"]["correct"] - r["greedy"]["before"]["correct"]) / 2 for r in runs]
     tokens = statistics.mean(r["generated_tokens"] for r in runs)
     assert f"Mean {statistics.mean(change):+.1f} points (sd {statistics.stdev(change):.1f}), {tokens:,.0f} generated" in docs
+
+
+def test_paired_differences_against_sequence_per_seed_with_a_sign_test():
+    """Six seeds from 17/200: sequence ends at 114, 112, 105, 117, 109, 105 (the held-out record's), the tree at
+    120, 118, 100, 125, 109, 112: differences +3.0, +3.0, -2.5, +4.0, 0.0, +3.5 points, mean +1.8 (sd 2.5); 4 seeds
+    above, 1 below, 1 tie dropped: sign test p = 2 * (1 + 5) / 2**5 = 0.375. A method without a sequence run at
+    its seeds, and sequence itself, get no row; a seed sequence lacks is left out."""
+    def run(method, seed, after, settings=(), on="heldout"):
+        return {"task": "sum4", "on": on, "method": method, "settings": list(settings), "seed": seed,
+                "greedy": {"before": {"accuracy": 17 / 200}, "after": {"accuracy": after / 200}}}
+    results = [run("sequence", s, a) for s, a in enumerate([114, 112, 105, 117, 109, 105])]
+    results += [run("tree", s, a, ["tree_branching=4,2"]) for s, a in enumerate([120, 118, 100, 125, 109, 112, 150])]
+    results += [run("monte_carlo", 0, 130, on="dev")]
+    rows = credit_methods.paired_differences(results).splitlines()
+    assert rows[2:] == ["| sum4 | heldout | tree tree_branching=4,2 | 0, 1, 2, 3, 4, 5 | +3.0, +3.0, -2.5, +4.0, +0.0, +3.5 "
+                        "| +1.8 (2.5) | 4 / 1 | 0.38 |"]
