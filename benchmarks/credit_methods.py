@@ -107,6 +107,11 @@ def variant(r: dict) -> str:
     return " ".join([r["method"], *r.get("settings", [])])
 
 
+def points(r: dict) -> float:
+    """A run's change of held-out (or dev) greedy accuracy, in percentage points."""
+    return 100 * (r["greedy"]["after"]["accuracy"] - r["greedy"]["before"]["accuracy"])
+
+
 def table(results: list[dict]) -> str:
     lines = ["| task | method | seed | greedy before -> after | change | McNemar p | sampled pass@1 | "
              "steps with a gradient | generated tokens | points / M tokens | 50 steps |",
@@ -116,7 +121,7 @@ def table(results: list[dict]) -> str:
         s = r.get("sampled")
         pass1 = f"{100 * s['before']:.1f} % -> {100 * s['after']:.1f} %" if s else "-"
         lines.append(f"| {r['task']} | {variant(r)} | {r['seed']} | {b['correct']}/{b['n']} -> {a['correct']}/{a['n']} "
-                     f"| {100 * (a['accuracy'] - b['accuracy']):+.1f} | {r['paired']['mcnemar_p']:.2g} | "
+                     f"| {points(r):+.1f} | {r['paired']['mcnemar_p']:.2g} | "
                      f"{pass1} | "
                      f"{r['nonzero_gradient_steps']}/{r['steps']} | {r['generated_tokens']:,} | "
                      f"{r['points_per_million_tokens']:+,.0f} | {r['step_seconds']:.0f} s |")
@@ -148,7 +153,7 @@ def summary(results: list[dict], out: Path) -> str:
     for task, on, method in dict.fromkeys((r["task"], r["on"], variant(r)) for r in sorted(results, key=run_order)):
         rs = sorted((r for r in results if (r["task"], r["on"], variant(r)) == (task, on, method)),
                     key=lambda r: r["seed"])
-        change = [100 * (r["greedy"]["after"]["accuracy"] - r["greedy"]["before"]["accuracy"]) for r in rs]
+        change = [points(r) for r in rs]
         against = []
         for r in rs:
             base = runs.get((task, on, "sequence", r["seed"]))
@@ -184,8 +189,7 @@ def paired_differences(results: list[dict]) -> str:
 
     import train_rlvr as T
 
-    change = {(r["task"], r["on"], variant(r), r["seed"]): 100 * (r["greedy"]["after"]["accuracy"]
-              - r["greedy"]["before"]["accuracy"]) for r in results}
+    change = {(r["task"], r["on"], variant(r), r["seed"]): points(r) for r in results}
     lines = ["| task | set | method | seeds | difference from `sequence` per seed (points) | mean (sd) | "
              "seeds above / below | sign test p |", "|---|---|---|---|---|---|---|---|"]
     for task, on, method in dict.fromkeys((r["task"], r["on"], variant(r)) for r in sorted(results, key=run_order)):
