@@ -6,6 +6,7 @@
     python benchmarks/credit_methods.py --out runs/credit --summary      # every run, then each method over seeds
     python benchmarks/credit_methods.py --out runs/credit --pictures     # one group of each run, drawn
     python benchmarks/credit_methods.py --out runs/credit --siblings     # each tree run's identical siblings
+    python benchmarks/credit_methods.py --out runs/credit --masks        # where each entropy mask's kept tokens lie
     python benchmarks/credit_methods.py --tasks addition --methods tree --seeds 0 --on dev --out runs/credit-dev \
         --set credit_segment_tokens=2                                     # a setting tried on the dev set
 
@@ -274,6 +275,47 @@ def tree_siblings(folder: Path, tokenizer) -> str | None:
             f"segment: {', '.join(str(by_segment.get(k, 0)) for k in range(len(levels)))}")
 
 
+TOKEN_KINDS = ("digit of a line's sum", "digit of a number added", "line end", "digit of the boxed answer",
+               "other (+, =, words)", "EOS")
+
+
+def token_kind(line: str, piece: str | None) -> str:
+    """What a response token of the sum tasks is, from the text of its line before it: a digit after the line's
+    "=" writes the sum (the step's decision), one inside \\boxed{ the answer copied from the last sum, any other
+    digit a number added; then the line end, EOS (None) and the rest."""
+    if piece is None:
+        return "EOS"
+    if "\n" in piece:
+        return "line end"
+    if piece.strip().isdigit():
+        return ("digit of the boxed answer" if "\\boxed{" in line else
+                "digit of a line's sum" if "=" in line else "digit of a number added")
+    return "other (+, =, words)"
+
+
+def mask_kinds(folder: Path, tokenizer) -> dict[str, tuple[int, int]] | None:
+    """Where a finished entropy-mask run's policy term went: per TOKEN_KINDS, (tokens the mask kept, tokens) over
+    every response of its 50 steps (rollouts.jsonl's entropy_mask). Tokens are the responses re-tokenized, as
+    group_picture's, a response counted only where that gives back as many tokens as its mask; None for a run
+    without the mask."""
+    rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    if not any("entropy_mask" in r for r in rollouts):
+        return None
+    counts = {kind: [0, 0] for kind in TOKEN_KINDS}
+    for r in rollouts:
+        ids = tokenizer(r["response"], add_special_tokens=False)["input_ids"]
+        pieces = [tokenizer.decode([i]) for i in ids] + ([] if r["cut_at_limit"] else [None])
+        if len(pieces) != len(r["entropy_mask"]):
+            continue
+        text = ""
+        for piece, kept in zip(pieces, r["entropy_mask"]):
+            kind = token_kind(text.split("\n")[-1], piece)
+            counts[kind][0] += kept
+            counts[kind][1] += 1
+            text += piece or ""
+    return {kind: (k, n) for kind, (k, n) in counts.items()}
+
+
 def fail(message: str):
     """A user's mistake: one line on stderr and exit status 2, no traceback."""
     print(f"error: {message}", file=sys.stderr)
@@ -281,18 +323,18 @@ def fail(message: str):
 
 
 def check_inputs(args, model: Path, out: Path) -> None:
-    """What each mode reads, there before it starts: --summary and --add-sampled --out's results.json, --pictures and
-    --siblings --out's run folders and the model's tokenizer; training each task's training set, --add-sampled its
+    """What each mode reads, there before it starts: --summary and --add-sampled --out's results.json, --pictures,
+    --siblings and --masks --out's run folders and the model's tokenizer; training each task's training set, --add-sampled its
     --on set (the model folder's problem files, examples/make_smollm2.py's)."""
     if (args.summary or args.add_sampled) and not (out / "results.json").is_file():
         fail(f"{out} holds no results.json (no finished run of this script there); pass --out the folder a run of "
              "this script wrote (runs/credit by default)")
-    if (args.pictures or args.siblings) and not out.is_dir():
+    if (args.pictures or args.siblings or args.masks) and not out.is_dir():
         fail(f"{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)")
-    if (args.pictures or args.siblings) and not model.is_dir():
+    if (args.pictures or args.siblings or args.masks) and not model.is_dir():
         fail(f"{model} does not exist; pass --model the model folder the runs trained (runs/smollm2 by default, "
              f"written by python examples/make_smollm2.py {args.model})")
-    if args.summary or args.pictures or args.siblings:
+    if args.summary or args.pictures or args.siblings or args.masks:
         return
     split = args.on if args.add_sampled else "train"
     missing = [name for name in (TASKS[t][1] + split + ".json" for t in args.tasks) if not (model / name).is_file()]
@@ -319,6 +361,8 @@ def main() -> int:
                     "seed), and stop")
     ap.add_argument("--siblings", action="store_true", help="only say, for each finished tree run in --out, how "
                     "often sibling nodes hold the same tokens and where the nonzero token advantages lie, and stop")
+    ap.add_argument("--masks", action="store_true", help="only say, for each finished entropy-mask run in --out, "
+                    "which kinds of token the mask kept (the digits of a line's sum, of a number added, ...), and stop")
     ap.add_argument("--add-sampled", action="store_true", help="only add the sampled pass@1 to the finished runs in "
                     "--out/results.json that lack it (those of --tasks, --methods, --seeds, --on), and stop")
     args = ap.parse_args()
@@ -351,6 +395,18 @@ def main() -> int:
             found = tree_siblings(folder, tokenizer)
             if found:
                 print(f"{folder.name}: {found}")
+        return 0
+    if args.masks:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        for folder in sorted(p for p in out.iterdir() if (p / "rollouts.jsonl").is_file()):
+            kinds = mask_kinds(folder, tokenizer)
+            if kinds:
+                kept = sum(k for k, _ in kinds.values())
+                print(f"{folder.name}: kept {kept:,} of {sum(n for _, n in kinds.values()):,} tokens; " + "; ".join(
+                    f"{kind} {k:,}/{n:,} ({k / max(n, 1):.0%} kept, {k / max(kept, 1):.0%} of the kept)"
+                    for kind, (k, n) in kinds.items()))
         return 0
     if args.pictures:
         from transformers import AutoTokenizer

@@ -1,6 +1,7 @@
 """benchmarks/credit_methods.py's checks of what each mode reads (no training): a missing folder is one line on
 stderr and exit status 2, and --summary needs --out's results.json alone."""
 
+import itertools
 import json
 import statistics
 import sys
@@ -27,6 +28,7 @@ def _main(monkeypatch, *argv):
                       "run of this script wrote (runs/credit by default)"),
     ("--pictures", "{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)"),
     ("--siblings", "{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)"),
+    ("--masks", "{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)"),
 ])
 def test_each_modes_missing_out_folder_is_one_line_and_exit_2(mode, message, tmp_path, monkeypatch, capsys):
     (tmp_path / "model").mkdir()
@@ -92,24 +94,38 @@ def test_paired_differences_against_sequence_per_seed_with_a_sign_test():
                         "| +1.8 (2.5) | 4 / 1 | 0.38 |"]
 
 
-def test_the_sum4_heldout_tree_table_in_the_docs_is_the_committed_record():
-    """docs/variants.md's held-out rows of the tree (4,2 at 3e-6) on sum4: each seed's greedy before -> after, change,
-    difference from sequence's change at the same seed, steps with a gradient, generated tokens and step seconds
-    from benchmarks/credit47_heldout.json (the won/lost cell, the fourth, comes from the runs' eval files, not kept); then the
-    mean and sd of the differences and the sign test over the seeds."""
+@pytest.mark.parametrize("method, heading, seeds, settings, readme", [
+    ("tree", "Held-out, the tree", 6, ("learning_rate=3e-6", "tree_branching=4,2"),
+     "ends {below:.1f} points below it on held-out problems (mean of six paired seeds, sd {sd:.1f}, sign test p = {p})"),
+    ("entropy", "Held-out, the entropy mask", 3, None,  # its rate: the dev record's best (checked below)
+     "the entropy mask {below:.1f} points below (three seeds, sd {sd:.1f}, p = {p})"),
+])
+def test_the_sum4_heldout_method_tables_in_the_docs_are_the_committed_record(method, heading, seeds, settings, readme):
+    """docs/variants.md's held-out rows of a method on sum4 (under its heading): each seed's greedy before -> after,
+    change, difference from sequence's change at the same seed, steps with a gradient, generated tokens and step
+    seconds from benchmarks/credit47_heldout.json (the won/lost cell, the fourth, comes from the runs' eval files,
+    not kept); then the mean and sd of the differences and the sign test over the seeds, there and in the README's
+    paragraph. The entropy mask's rate is
+    the one that scored best on dev (benchmarks/credit47_dev.json): chosen on dev, never on held-out."""
     import train_rlvr as T
 
     record = json.loads((ROOT / "benchmarks" / "credit47_heldout.json").read_text())
+    if settings is None:
+        dev = [r for r in json.loads((ROOT / "benchmarks" / "credit47_dev.json").read_text()) if r["method"] == method]
+        settings = tuple(max(dev, key=lambda r: r["greedy"]["after"]["correct"])["settings"])
     sequence = {r["seed"]: r for r in record if r["method"] == "sequence"}
-    tree = [r for r in record if r["method"] == "tree"]
-    assert sorted(r["seed"] for r in tree) == list(range(6))
-    assert {tuple(r["settings"]) for r in tree} == {("learning_rate=3e-6", "tree_branching=4,2")}
+    runs = [r for r in record if r["method"] == method]
+    assert sorted(r["seed"] for r in runs) == list(range(seeds))
+    assert {tuple(r["settings"]) for r in runs} == {settings}
+    text = (ROOT / "docs" / "variants.md").read_text().split(heading)[1]
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| "))  # the heading's table, not a later one
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[first:]))
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
-            for line in (ROOT / "docs" / "variants.md").read_text().split("Held-out, the tree")[1].splitlines()
-            if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
+            for line in table if line.split("|")[1].strip().isdigit()}
     change = lambda r: (r["greedy"]["after"]["correct"] - r["greedy"]["before"]["correct"]) / 2  # noqa: E731
     diffs = []
-    for r in tree:
+    for r in runs:
         before, after = r["greedy"]["before"]["correct"], r["greedy"]["after"]["correct"]
         diffs.append(change(r) - change(sequence[r["seed"]]))
         cells = rows[str(r["seed"])]
@@ -117,6 +133,54 @@ def test_the_sum4_heldout_tree_table_in_the_docs_is_the_committed_record():
                                          f"{diffs[-1]:+.1f}", f"{r['nonzero_gradient_steps']}/50",
                                          f"{r['generated_tokens']:,}", f"{r['step_seconds']:.0f}"], r["seed"]
     above, below = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
-    docs = " ".join((ROOT / "docs" / "variants.md").read_text().split())
+    docs = " ".join(text.split())
+    p = f"{T.mcnemar_exact_p(above, below):.2g}"
     assert (f"mean difference {statistics.mean(diffs):+.1f} points (sd {statistics.stdev(diffs):.1f}), {above} seeds "
-            f"above and {below} below: sign test p = {T.mcnemar_exact_p(above, below):.2g}") in docs
+            f"above and {below} below: sign test p = {p}") in docs
+    assert readme.format(below=-statistics.mean(diffs), sd=statistics.stdev(diffs), p=p) in \
+        " ".join((ROOT / "README.md").read_text().split())
+
+
+def test_the_sum4_dev_tables_in_the_docs_are_the_committed_record():
+    """Every dev run on sum4 (benchmarks/credit47_dev.json) is a row of docs/variants.md's dev tables, keyed by the
+    setting it tried (its branching, else its learning rate): dev greedy after, change, steps with a gradient and
+    generated tokens, then (every method but the first table's sequence) the step seconds; the chosen row in bold."""
+    record = json.loads((ROOT / "benchmarks" / "credit47_dev.json").read_text())
+    docs = (ROOT / "docs" / "variants.md").read_text().split("### Before any training")[1].split("### Measured")[0]
+    lines = [line.replace("**", "") for line in docs.splitlines()]
+    assert len(record) >= 9
+    for r in record:
+        key = r["settings"][-1].split("=")[1]
+        after = r["greedy"]["after"]["correct"]
+        row = (f"| {key} | {after}/200 | {(after - r['greedy']['before']['correct']) / 2:+.1f} | "
+               f"{r['nonzero_gradient_steps']}/50 | {r['generated_tokens']:,} |")
+        seconds = f"{row} {r['step_seconds']:.0f} |"
+        assert (row if r["method"] == "sequence" else seconds) in lines, (r["method"], r["settings"])
+
+
+def test_where_the_entropy_masks_kept_tokens_lie_by_kind(tmp_path):
+    """--masks: each response re-tokenized (here one character a token) and each token sorted by its line's text
+    before it. "23 + 4 = 27\\n\\\\boxed{27}." + EOS is 24 tokens: the number added 2, 3, 4; the sum 2, 7 (after "=");
+    the line end; the boxed 2, 7; EOS; 15 others (" + ", " = ", "\\\\boxed{", "}."). The mask keeps "3", the sum's
+    two digits and the line end; a second response cut at the limit ("5\\n", no EOS) keeps its "5"; a third whose
+    mask is one token short is not counted; a run without masks gives None."""
+    class Chars:  # a tokenizer of one token per character
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in text]}
+
+        def decode(self, ids):
+            return "".join(map(chr, ids))
+
+    text = "23 + 4 = 27\n\\boxed{27}."
+    mask = [0] * 24
+    for i in (1, 9, 10, 11):
+        mask[i] = 1
+    records = [{"response": text, "cut_at_limit": False, "entropy_mask": mask},
+               {"response": "5\n", "cut_at_limit": True, "entropy_mask": [1, 0]},
+               {"response": "7\n", "cut_at_limit": False, "entropy_mask": [1, 1]}]
+    (tmp_path / "rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    assert credit_methods.mask_kinds(tmp_path, Chars()) == {
+        "digit of a line's sum": (2, 2), "digit of a number added": (2, 4), "line end": (1, 2),
+        "digit of the boxed answer": (0, 2), "other (+, =, words)": (0, 15), "EOS": (0, 1)}
+    (tmp_path / "rollouts.jsonl").write_text(json.dumps({"response": text, "cut_at_limit": False}))
+    assert credit_methods.mask_kinds(tmp_path, Chars()) is None
