@@ -159,11 +159,13 @@ def test_the_sum4_dev_tables_in_the_docs_are_the_committed_record():
 
 
 def test_where_the_entropy_masks_kept_tokens_lie_by_kind(tmp_path):
-    """--masks: each response re-tokenized (here one character a token) and each token sorted by its line's text
-    before it. "23 + 4 = 27\\n\\\\boxed{27}." + EOS is 24 tokens: the number added 2, 3, 4; the sum 2, 7 (after "=");
-    the line end; the boxed 2, 7; EOS; 15 others (" + ", " = ", "\\\\boxed{", "}."). The mask keeps "3", the sum's
-    two digits and the line end; a second response cut at the limit ("5\\n", no EOS) keeps its "5"; a third whose
-    mask is one token short is not counted; a run without masks gives None."""
+    """--masks: each response re-tokenized (here one character a token) and each token sorted by the text of its
+    own line before it. "23 + 4 = 27\\n27 + 5 = 32\\n\\\\boxed{32}." + EOS is 36 tokens: the numbers added 2, 3, 4 and
+    2, 7, 5 (the second line's 27 is a number added, though the first line has an "="); the sums 2, 7 and 3, 2;
+    2 line ends; the boxed 3, 2; EOS; 21 others (" + ", " = " twice each line, "\\\\boxed{", "}."). The mask keeps
+    the "3" of 23, the first sum, the first line end, the "2" of the second line's 27 and the second sum's "3"; a
+    second response cut at the limit ("5\\n", no EOS) keeps its "5"; a third whose mask is one token short is not
+    counted; a run without masks gives None."""
     class Chars:  # a tokenizer of one token per character
         def __call__(self, text, add_special_tokens=False):
             return {"input_ids": [ord(c) for c in text]}
@@ -171,16 +173,16 @@ def test_where_the_entropy_masks_kept_tokens_lie_by_kind(tmp_path):
         def decode(self, ids):
             return "".join(map(chr, ids))
 
-    text = "23 + 4 = 27\n\\boxed{27}."
-    mask = [0] * 24
-    for i in (1, 9, 10, 11):
+    text = "23 + 4 = 27\n27 + 5 = 32\n\\boxed{32}."
+    mask = [0] * 36
+    for i in (1, 9, 10, 11, 12, 21):
         mask[i] = 1
     records = [{"response": text, "cut_at_limit": False, "entropy_mask": mask},
                {"response": "5\n", "cut_at_limit": True, "entropy_mask": [1, 0]},
                {"response": "7\n", "cut_at_limit": False, "entropy_mask": [1, 1]}]
     (tmp_path / "rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in records))
     assert credit_methods.mask_kinds(tmp_path, Chars()) == {
-        "digit of a line's sum": (2, 2), "digit of a number added": (2, 4), "line end": (1, 2),
-        "digit of the boxed answer": (0, 2), "other (+, =, words)": (0, 15), "EOS": (0, 1)}
+        "digit of a line's sum": (3, 4), "digit of a number added": (3, 7), "line end": (1, 3),
+        "digit of the boxed answer": (0, 2), "other (+, =, words)": (0, 21), "EOS": (0, 1)}
     (tmp_path / "rollouts.jsonl").write_text(json.dumps({"response": text, "cut_at_limit": False}))
     assert credit_methods.mask_kinds(tmp_path, Chars()) is None
