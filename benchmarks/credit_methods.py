@@ -207,6 +207,13 @@ def paired_differences(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def response_pieces(r: dict, tokenizer, eos) -> list:
+    """A rollouts.jsonl record's response as its tokens' texts: re-tokenized, plus `eos` where it ended (not cut at
+    the limit). Usable only where that gives back as many tokens as the record's per-token lists."""
+    ids = tokenizer(r["response"], add_special_tokens=False)["input_ids"]
+    return [tokenizer.decode([i]) for i in ids] + ([] if r["cut_at_limit"] else [eos])
+
+
 def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
     """One group of a finished run drawn as credit.png draws it (train_rlvr.credit_figure): the first step with
     reward variance, each token on a background coloured by the advantage the loss gave it. Its tokens are the
@@ -221,8 +228,7 @@ def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
         return None
     records = []
     for r in (r for r in rollouts if r["step"] == steps[0]):
-        ids = tokenizer(r["response"], add_special_tokens=False)["input_ids"]
-        pieces = [tokenizer.decode([i]) for i in ids] + ([] if r["cut_at_limit"] else [eos])
+        pieces = response_pieces(r, tokenizer, eos)
         credit = r.get("token_advantages", [r["advantage"]] * r["tokens"])
         if len(pieces) != len(credit):
             return None
@@ -303,16 +309,15 @@ def mask_kinds(folder: Path, tokenizer) -> dict[str, tuple[int, int]] | None:
         return None
     counts = {kind: [0, 0] for kind in TOKEN_KINDS}
     for r in rollouts:
-        ids = tokenizer(r["response"], add_special_tokens=False)["input_ids"]
-        pieces = [tokenizer.decode([i]) for i in ids] + ([] if r["cut_at_limit"] else [None])
+        pieces = response_pieces(r, tokenizer, None)
         if len(pieces) != len(r["entropy_mask"]):
             continue
-        text = ""
+        line = ""  # the text of the token's line before it
         for piece, kept in zip(pieces, r["entropy_mask"]):
-            kind = token_kind(text.split("\n")[-1], piece)
+            kind = token_kind(line, piece)
             counts[kind][0] += kept
             counts[kind][1] += 1
-            text += piece or ""
+            line = (line + (piece or "")).split("\n")[-1]
     return {kind: (k, n) for kind, (k, n) in counts.items()}
 
 
@@ -324,17 +329,18 @@ def fail(message: str):
 
 def check_inputs(args, model: Path, out: Path) -> None:
     """What each mode reads, there before it starts: --summary and --add-sampled --out's results.json, --pictures,
-    --siblings and --masks --out's run folders and the model's tokenizer; training each task's training set, --add-sampled its
-    --on set (the model folder's problem files, examples/make_smollm2.py's)."""
+    --siblings and --masks --out's run folders and the model's tokenizer; training each task's training set,
+    --add-sampled its --on set (the model folder's problem files, examples/make_smollm2.py's)."""
     if (args.summary or args.add_sampled) and not (out / "results.json").is_file():
         fail(f"{out} holds no results.json (no finished run of this script there); pass --out the folder a run of "
              "this script wrote (runs/credit by default)")
-    if (args.pictures or args.siblings or args.masks) and not out.is_dir():
+    reads_runs = args.pictures or args.siblings or args.masks
+    if reads_runs and not out.is_dir():
         fail(f"{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)")
-    if (args.pictures or args.siblings or args.masks) and not model.is_dir():
+    if reads_runs and not model.is_dir():
         fail(f"{model} does not exist; pass --model the model folder the runs trained (runs/smollm2 by default, "
              f"written by python examples/make_smollm2.py {args.model})")
-    if args.summary or args.pictures or args.siblings or args.masks:
+    if args.summary or reads_runs:
         return
     split = args.on if args.add_sampled else "train"
     missing = [name for name in (TASKS[t][1] + split + ".json" for t in args.tasks) if not (model / name).is_file()]
@@ -387,34 +393,26 @@ def main() -> int:
             saved.write_text(json.dumps(results, indent=1))
             print(table([r]).splitlines()[-1], flush=True)
         return 0
-    if args.siblings:
+    if args.siblings or args.masks or args.pictures:  # the finished run folders in --out, read with the tokenizer
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model)
         for folder in sorted(p for p in out.iterdir() if (p / "rollouts.jsonl").is_file()):
-            found = tree_siblings(folder, tokenizer)
-            if found:
-                print(f"{folder.name}: {found}")
-        return 0
-    if args.masks:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        for folder in sorted(p for p in out.iterdir() if (p / "rollouts.jsonl").is_file()):
-            kinds = mask_kinds(folder, tokenizer)
-            if kinds:
-                kept = sum(k for k, _ in kinds.values())
-                print(f"{folder.name}: kept {kept:,} of {sum(n for _, n in kinds.values()):,} tokens; " + "; ".join(
-                    f"{kind} {k:,}/{n:,} ({k / max(n, 1):.0%} kept, {k / max(kept, 1):.0%} of the kept)"
-                    for kind, (k, n) in kinds.items()))
-        return 0
-    if args.pictures:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        for folder in sorted(p for p in out.iterdir() if (p / "rollouts.jsonl").is_file()):
-            drawn = group_picture(folder, tokenizer, "<|im_end|>", out / f"{folder.name}.png")
-            print(f"{folder.name}: {drawn or 'not drawn (no step with variance, or its tokens do not re-tokenize)'}")
+            if args.siblings:
+                found = tree_siblings(folder, tokenizer)
+                if found:
+                    print(f"{folder.name}: {found}")
+            elif args.masks:
+                kinds = mask_kinds(folder, tokenizer)
+                if kinds:
+                    kept = sum(k for k, _ in kinds.values())
+                    print(f"{folder.name}: kept {kept:,} of {sum(n for _, n in kinds.values()):,} tokens; " +
+                          "; ".join(f"{kind} {k:,}/{n:,} ({k / max(n, 1):.0%} kept, {k / max(kept, 1):.0%} of the "
+                                    f"kept)" for kind, (k, n) in kinds.items()))
+            else:
+                drawn = group_picture(folder, tokenizer, "<|im_end|>", out / f"{folder.name}.png")
+                print(f"{folder.name}: " + str(drawn or "not drawn (no step with variance, or its tokens do not "
+                                                        "re-tokenize)"))
         return 0
     out.mkdir(parents=True, exist_ok=True)
     # results.json gathers every invocation's runs into one table: a run done again replaces its earlier record
