@@ -17,22 +17,25 @@ dev: the sum4 task's dev runs, the methods as their papers define them); docs/va
 
 Each (task, method, seed) is one ordinary run, `python train_rlvr.py --config examples/smollm2_sum3.yaml` (task
 sum3) or `examples/smollm2.yaml` (addition) with the method's settings, `seed=..` and greedy evaluation of the
-200 --on problems before step 1 and after step 50, in its own process, one at a time. The methods:
+200 --on problems before step 1 and after the last step (step 50; `--set num_problems=N`: N steps, the spec's
+credit given a slower method's seconds), in its own process, one at a time. The methods:
   sequence     the spec (credit=sequence)
   monte_carlo  credit=monte_carlo (credit_samples and credit_segment_tokens as the yaml or the defaults say)
   tree         credit=tree (tree_branching 2,2,2)
   entropy      top_entropy_quantile=0.2 (the spec's credit, the policy term on the top 20 % entropy tokens)
 Figures, all from the run's files: greedy before -> after and the exact McNemar p (eval_summary.json), the
-tokens generated in the 50 steps (metrics.jsonl: generated_tokens, or response_tokens for the spec's credit),
-the 50 steps' seconds, and the points gained per million generated tokens; with --sampled (or later, for the
+tokens generated in the steps (metrics.jsonl: generated_tokens, or response_tokens for the spec's credit),
+the steps' seconds, and the points gained per million generated tokens; with --sampled (or later, for the
 finished runs, --add-sampled), the sampled pass@1 of the start model and of final/ (evaluation-only runs as
-benchmarks/smollm2_learning.py's: 2 samples on each of the first 100 problems).
+benchmarks/smollm2_learning.py's: 2 samples on each of the first 100 problems). A recorded run's checkpoints/
+is deleted (final/ and the logs stay): resuming a finished benchmark run has no use, and each is 1.6 GB.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -75,6 +78,9 @@ def one_run(model: Path, task: str, method: str, seed: int, on: str, out: Path, 
            # (monte_carlo) and the entropy mask, the forward + backward passes, the optimizer step
            "phase_seconds": {p: round(sum(m["timings"].get(p, 0.0) for m in metrics), 1) for p in PHASES},
            "run_seconds": wall}
+    # a finished run's last checkpoint (weights and AdamW's moments, 1.6 GB for SmolLM2) is only for resuming it;
+    # what the benchmark reads later (--add-sampled, --pictures) is final/ and the logs, kept
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     if sampled:
         res["sampled"] = sampled_pass1(model, task, method, seed, on, out, settings)
     return res
@@ -115,7 +121,7 @@ def points(r: dict) -> float:
 
 def table(results: list[dict]) -> str:
     lines = ["| task | method | seed | greedy before -> after | change | McNemar p | sampled pass@1 | "
-             "steps with a gradient | generated tokens | points / M tokens | 50 steps |",
+             "steps with a gradient | generated tokens | points / M tokens | step seconds |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         b, a = r["greedy"]["before"], r["greedy"]["after"]
@@ -130,7 +136,7 @@ def table(results: list[dict]) -> str:
 
 
 def answers_after(out: Path, r: dict) -> list[dict] | None:
-    """The run's evaluation records after step 50; None where its folder is gone (results.json outlives the run
+    """The run's evaluation records after its last step; None where its folder is gone (results.json outlives the run
     folders: benchmarks/credit_methods.json is the committed copy)."""
     path = run_folder(out, r["task"], r["method"], r["seed"], r.get("settings", [])) / "eval.jsonl"
     if not path.is_file():
@@ -148,7 +154,7 @@ def summary(results: list[dict], out: Path) -> str:
 
     lines = ["| task | method | seeds | greedy after, per seed | change, mean (sd) | against `sequence`, per seed: "
              "won/lost (p) | sampled pass@1 change, mean | steps with a gradient | generated tokens | points / M tokens | "
-             "the 50 steps, per seed |",
+             "step seconds, per seed |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     runs = {(r["task"], r["on"], variant(r), r["seed"]): r for r in results}
     for task, on, method in dict.fromkeys((r["task"], r["on"], variant(r)) for r in sorted(results, key=run_order)):
@@ -175,7 +181,7 @@ def summary(results: list[dict], out: Path) -> str:
         lines.append(f"| {task} | {method} | {len(rs)} | {', '.join(str(r['greedy']['after']['correct']) for r in rs)}"
                      f"/{rs[0]['greedy']['after']['n']} (from {rs[0]['greedy']['before']['correct']}) | "
                      f"{mean(change):+.1f}{sd} | {'; '.join(against) or '-'} | {sampled} | "
-                     f"{mean([r['nonzero_gradient_steps'] for r in rs]):.1f}/50 | "
+                     f"{mean([r['nonzero_gradient_steps'] for r in rs]):.1f}/{rs[0]['steps']} | "
                      f"{mean([r['generated_tokens'] for r in rs]):,.0f} | "
                      f"{mean([r['points_per_million_tokens'] for r in rs]):+,.0f} | "
                      f"{' / '.join(seconds)} s |")

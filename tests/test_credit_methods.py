@@ -186,3 +186,46 @@ def test_where_the_entropy_masks_kept_tokens_lie_by_kind(tmp_path):
         "digit of the boxed answer": (0, 2), "other (+, =, words)": (0, 21), "EOS": (0, 1)}
     (tmp_path / "rollouts.jsonl").write_text(json.dumps({"response": text, "cut_at_limit": False}))
     assert credit_methods.mask_kinds(tmp_path, Chars()) is None
+
+
+def test_a_run_is_recorded_from_its_files_and_its_checkpoints_dropped(tmp_path, monkeypatch):
+    """one_run with train_rlvr.py's run stubbed by one that writes a finished run's files: greedy 1 -> 3 of 4 (+50
+    points) over 300 + 200 generated tokens = +100,000 points per million tokens; 10 + 8 step seconds, so +10,000
+    points an hour; the phases summed over the steps; the run's checkpoints/ deleted, final/ kept. The summary row
+    gives the steps with a gradient out of the run's own steps (1 of 2), not out of 50."""
+    calls = []
+
+    def fake_run(args, log):
+        calls.append(args)
+        folder = tmp_path / next(a for a in args if a.startswith("output_dir="))[len("output_dir="):]
+        (folder / "checkpoints" / "step-2").mkdir(parents=True)
+        (folder / "checkpoints" / "step-2" / "model.safetensors").write_text("weights")
+        (folder / "final").mkdir()
+        (folder / "final" / "model.safetensors").write_text("weights")
+        evals = [{"phase": phase, "reward": float(i < right), "cut_at_limit": False, "status": "boxed", "tokens": 10}
+                 for phase, right in (("before", 1), ("after", 3)) for i in range(4)]
+        (folder / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+        (folder / "eval_summary.json").write_text(json.dumps({"comparison": {"paired": {"mcnemar_p": 0.5}}}))
+        steps = [{"grad_norm": 0.0, "generated_tokens": 300, "response_tokens": 100, "seconds": 10.0,
+                  "timings": {"generation": 6.0, "credit": 2.0}},
+                 {"grad_norm": 1.5, "generated_tokens": 200, "response_tokens": 90, "seconds": 8.0,
+                  "timings": {"generation": 5.0, "optimizer": 1.0}}]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+        return 42.0
+
+    monkeypatch.setattr(credit_methods, "run", fake_run)
+    res = credit_methods.one_run(tmp_path / "model", "sum4", "monte_carlo", 3, "dev", tmp_path, False,
+                                 ["learning_rate=3e-6"])
+    folder = tmp_path / "sum4-monte_carlo-seed3-learning_rate3e-6"
+    assert calls[0][:2] == ["--config", "examples/smollm2_sum4.yaml"]
+    assert {f"output_dir={folder}", "seed=3", "credit=monte_carlo", "learning_rate=3e-6",
+            f"eval_dataset={tmp_path / 'model' / 'sum4-dev.json'}"} <= set(calls[0])
+    assert (res["greedy"]["before"]["correct"], res["greedy"]["after"]["correct"]) == (1, 3)
+    assert (res["steps"], res["nonzero_gradient_steps"], res["generated_tokens"]) == (2, 1, 500)
+    assert res["points_per_million_tokens"] == pytest.approx(100_000)
+    assert (res["step_seconds"], res["points_per_hour"], res["run_seconds"]) == (18.0, pytest.approx(10_000), 42.0)
+    assert res["phase_seconds"] == {"generation": 11.0, "rewards": 0.0, "credit": 2.0, "logprob_backward": 0.0,
+                                    "optimizer": 1.0}
+    assert not (folder / "checkpoints").exists() and (folder / "final" / "model.safetensors").is_file()
+    row = credit_methods.summary([res], tmp_path).splitlines()[2]
+    assert "| 1.0/2 | 500 | +100,000 | 18 s |" in row, row
