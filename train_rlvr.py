@@ -622,15 +622,21 @@ def tree_values(tree: Tree, rewards: list[float], weighting: str = "leaf"):
 
 @torch.no_grad()
 def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], starts: list[list[int]],
-                        draw: int, problem: dict, mine: range, t: Trainer) -> tuple[list[list[float]], int]:
+                        draw: int, problem: dict, mine: range, t: Trainer, share_prompt: bool = True
+                        ) -> tuple[list[list[float]], int]:
     """credit=monte_carlo (VinePPO, SPO-chain): V at each cut of this rank's responses (their segment starts after
     the first), the mean reward of credit_samples continuations sampled from prompt + the response up to the cut
     with the run's sampler, scored like the rollouts (the verifier, plus format_reward's bonus), each from its own
-    stream (seed, draw, rollout, cut, sample). Returns the values per response and the tokens sampled."""
+    stream (seed, draw, rollout, cut, sample). The prompt's pass runs once for all the continuations (share_prompt,
+    as the tree's: its keys and values repeated to every row, which then reads only its prefix; False runs prompt +
+    prefix for every row, the same tokens up to float rounding). Returns the values per response and the tokens
+    sampled."""
     cfg = t.cfg
     rows = [(j, c, k) for j, st in enumerate(starts) for c in range(1, len(st)) for k in range(cfg.credit_samples)]
     values, sampled = [[0.0] * (len(st) - 1) for st in starts], 0
     with agreed("credit", step, rollouts=len(rows), prompt_tokens=len(prompt_ids), cfg=t.cfg), full_weights(t.model):
+        amp = autocast(t.device, t.precision)
+        prompt = shared_prompt_state(t.model, prompt_ids, amp) if share_prompt and rows else None
         size = cfg.group_size * cfg.credit_samples
         for begin in range(0, len(rows), size):
             batch = rows[begin:begin + size]
@@ -639,8 +645,8 @@ def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[tor
             streams = [torch.Generator(device=t.device).manual_seed(stream_seed(
                 cfg.seed, "continuation", draw, mine[j], c, k)) for j, c, k in batch]
             outs, _ = decode(t.model, [torch.cat([prompt_ids, p]) for p in prefixes], max(rooms), t.eos_id,
-                             sampling_pick(streams, cfg.temperature, cfg.top_p, t.device),
-                             autocast(t.device, t.precision), drop_finished=True)
+                             sampling_pick(streams, cfg.temperature, cfg.top_p, t.device), amp, drop_finished=True,
+                             prefilled=prompt and after_prompt(t.model, prompt, prefixes, amp))
             outs = [o[:room] for o, room in zip(outs, rooms)]
             sampled += sum(len(o) for o in outs)
             texts = [t.tokenizer.decode(torch.cat([p, o]).tolist(), skip_special_tokens=True)

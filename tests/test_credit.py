@@ -294,17 +294,20 @@ def test_continuation_values_average_the_scored_continuations_of_each_cut(monkey
     t.scorer, t.model = object(), torch.nn.Linear(1, 1)
     calls = []
 
-    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False):
-        calls.append(([p.tolist() for p in prompts], max_new))
+    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False, prefilled=None):
+        calls.append(([p.tolist() for p in prompts], max_new, prefilled))
         return [torch.tensor([30 + k, 0]) for k in range(len(prompts))], [False] * len(prompts)
     monkeypatch.setattr(T, "decode", decode)
+    # the prompt's pass once (its state "P"), then each batch's rows read their prefixes after it
+    monkeypatch.setattr(T, "shared_prompt_state", lambda model, ids, amp: calls.append(ids.tolist()) or ("P",))
+    monkeypatch.setattr(T, "after_prompt", lambda model, state, prefixes, amp: (state, [p.tolist() for p in prefixes]))
     seeds = []
     monkeypatch.setattr(T, "stream_seed", lambda seed, *key: seeds.append(key) or 1)
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
         (0.0 if "<30>" in x else 1.0, None, "wrong") for x in texts])
     values, sampled = T.continuation_values(1, torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])],
                                             [[0, 2, 4]], 3, {"answer": "1"}, range(1, 2), t)
-    assert calls == [([[1, 5, 6]] * 2 + [[1, 5, 6, 7, 8]] * 2, 4)]
+    assert calls == [[1], ([[1, 5, 6]] * 2 + [[1, 5, 6, 7, 8]] * 2, 4, (("P",), [[5, 6]] * 2 + [[5, 6, 7, 8]] * 2))]
     assert seeds == [("continuation", 3, 1, 1, 0), ("continuation", 3, 1, 1, 1), ("continuation", 3, 1, 2, 0),
                      ("continuation", 3, 1, 2, 1)]
     assert values == [[0.5, 1.0]] and sampled == 8  # every sample scores 1 but <30>, the first cut's first
@@ -330,9 +333,11 @@ def test_continuation_values_score_with_the_format_bonus_and_the_reward_function
     t.model = torch.nn.Linear(1, 1)
     t.scorer = _Scorer((1.0, "1", "correct"))
 
-    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False):  # room 4 after [5, 6], 2 after 4
+    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False, prefilled=None):  # room 4 after
         return [torch.tensor([40, 41, 42, 43] if len(p) == 3 else [50, 0]) for p in prompts], [False] * len(prompts)
     monkeypatch.setattr(T, "decode", decode)
+    monkeypatch.setattr(T, "shared_prompt_state", lambda *a: ("P",))
+    monkeypatch.setattr(T, "after_prompt", lambda *a: None)
     args = (1, torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])], [[0, 2, 4]], 3, {"answer": "1"}, range(1, 2))
     assert T.continuation_values(*args, t) == ([[1.0, 1.5]], 12)
     t = _trainer(group_size=2, credit="monte_carlo", credit_samples=2, max_new_tokens=6,
@@ -434,6 +439,32 @@ def test_the_trees_shared_prompt_pass_gives_the_per_row_trees_tokens(branching, 
     assert len(passes) == len(branching.split(","))  # one batched prompt + parent pass per depth
     assert shared == per_row and len(shared.leaves) == size
     assert len({tuple(leaf[:seg[1]]) for leaf, seg in zip(shared.leaves, shared.segments) if len(seg) > 1}) > 1
+
+
+def test_the_continuations_shared_prompt_pass_gives_the_per_row_continuations(tiny_model, monkeypatch):
+    """monte_carlo's continuations with the prompt's pass run once (its cache repeated, each row then reading its
+    prefix) sample the same tokens, so the same values, as prompt + prefix run for every row; the shared ones run
+    no prompt + prefix pass at all (decode takes the prefilled state), the per-row ones one per batch of
+    group_size x credit_samples rows (3 responses, 2 cuts each, 2 samples: 12 rows, batches of 8 and 4). With no
+    EOS each row runs to its room, max_new_tokens - its cut: 2 x (10 + 8 + 11 + 9 + 9 + 8) = 110 tokens."""
+    model, _ = tiny_model
+    t = _trainer(group_size=4, credit="monte_carlo", credit_samples=2, max_new_tokens=12, temperature=1.0)
+    t.model, t.eos_id = model, -1  # no EOS: every continuation runs to max_new_tokens, its tokens all compared
+    texts = []
+    monkeypatch.setattr(T, "score_rollouts", lambda scorer, xs, gold: [
+        texts.append(x) or (float(len(texts) % 3 == 0), None, "wrong") for x in xs])
+    passes, real = [], T.eager_decoder
+    monkeypatch.setattr(T, "eager_decoder", lambda *a, **k: passes.append(len(a[1])) or real(*a, **k))
+    responses = [torch.tensor([7, 8, 9, 10, 11, 12]), torch.tensor([20, 21, 22, 23]), torch.tensor([30, 31, 32, 33, 34])]
+    args = (1, torch.tensor([5, 17, 33, 100, 7]), responses, [[0, 2, 4], [0, 1, 3], [0, 3, 4]], 3, {"answer": "1"},
+            range(0, 3))
+    shared = T.continuation_values(*args, t)
+    shared_texts, texts[:] = list(texts), []
+    assert passes == []
+    per_row = T.continuation_values(*args, t, share_prompt=False)
+    assert passes == [8, 4]
+    assert texts == shared_texts and per_row == shared and shared[1] == 2 * (10 + 8 + 11 + 9 + 9 + 8)
+    assert len(set(texts)) == 12  # each row its own stream: no two continuations alike
 
 
 def test_a_zero_variance_group_keeps_every_advantage_zero_and_samples_no_continuation_at_the_groups_scale(
