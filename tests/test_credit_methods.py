@@ -235,3 +235,15 @@ def test_a_run_is_recorded_from_its_files_and_its_checkpoints_dropped(tmp_path, 
     assert not (folder / "checkpoints").exists() and (folder / "final" / "model.safetensors").is_file()
     row = credit_methods.summary([res], tmp_path).splitlines()[2]
     assert "| 1.0/2 | 500 | +100,000 | 18 s |" in row, row
+
+
+def test_the_sum4_sampled_pass1_in_the_docs_is_the_committed_record():
+    """docs/variants.md's sampled pass@1 at seed 0 (start, then each method's final/) is
+    benchmarks/credit47_heldout.json's `sampled` of the seed-0 runs."""
+    record = [r for r in json.loads((ROOT / "benchmarks" / "credit47_heldout.json").read_text()) if "sampled" in r]
+    docs = " ".join((ROOT / "docs" / "variants.md").read_text().split())
+    assert {r["method"] for r in record} == {"sequence", "tree", "entropy", "monte_carlo"}
+    assert {r["sampled"]["before"] for r in record} == {0.08}
+    assert "from 8.0 % for the start model): " + ", ".join(
+        f"{r['method']} {100 * r['sampled']['after']:.1f} %" for r in sorted(record, key=lambda r: -r["sampled"]["after"])
+    ) + " (greedy, the mask is above the tree)" in docs
