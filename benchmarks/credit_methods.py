@@ -7,6 +7,7 @@
     python benchmarks/credit_methods.py --out runs/credit --pictures     # one group of each run, drawn
     python benchmarks/credit_methods.py --out runs/credit --siblings     # each tree run's identical siblings
     python benchmarks/credit_methods.py --out runs/credit --masks        # where each entropy mask's kept tokens lie
+    python benchmarks/credit_methods.py --out runs/credit --errors       # where each run's credit went, by line
     python benchmarks/credit_methods.py --tasks addition --methods tree --seeds 0 --on dev --out runs/credit-dev \
         --set credit_segment_tokens=2                                     # a setting tried on the dev set
 
@@ -327,6 +328,40 @@ def mask_kinds(folder: Path, tokenizer) -> dict[str, tuple[int, int]] | None:
     return {kind: (k, n) for kind, (k, n) in counts.items()}
 
 
+PLACES = ("right response", "before the error", "the error line", "after the error", "wrong, every line right")
+
+
+def error_credit(folder: Path, tokenizer, problems: list[dict]) -> dict[str, tuple[int, int, int, float]]:
+    """Where a finished run's credit went against its lines' own correctness: every token of its steps' responses,
+    by PLACES (a right response; in a wrong one, its lines before the first line that is wrong by
+    credit_diagnostic.lines_right, that line, the lines after it; a wrong response whose checked lines are all
+    right, its answer line having gone wrong), as (tokens the loss pushed up, pushed down, left at 0, the sum of
+    |A_it|). A token's A_it is the one the loss gave it: token_advantages, else the spec's A_i; under the entropy
+    mask, 0 where the mask drops it. Tokens are the responses re-tokenized, as group_picture's, a response counted
+    only where that gives back as many tokens as its record; a token holding a line end closes its line. problems:
+    the training set the run's problem_index counts in."""
+    from credit_diagnostic import lines_right
+
+    counts = {place: [0, 0, 0, 0.0] for place in PLACES}
+    for r in (json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()):
+        pieces = response_pieces(r, tokenizer, None)
+        credit = r.get("token_advantages", [r["advantage"]] * r["tokens"])
+        if "entropy_mask" in r:
+            credit = [a * kept for a, kept in zip(credit, r["entropy_mask"])]
+        if len(pieces) != len(credit):
+            continue
+        right = lines_right(problems[r["problem_index"]]["problem"], r["response"])
+        error = next((k for k, ok in enumerate(right) if not ok), None)
+        line = 0
+        for piece, a in zip(pieces, credit):
+            place = ("right response" if r["reward"] else "wrong, every line right" if error is None else
+                     PLACES[1 + (line >= error) + (line > error)])
+            c = counts[place]
+            c[0], c[1], c[2], c[3] = c[0] + (a > 0), c[1] + (a < 0), c[2] + (a == 0), c[3] + abs(a)
+            line += "\n" in (piece or "")
+    return {place: tuple(c) for place, c in counts.items()}
+
+
 def fail(message: str):
     """A user's mistake: one line on stderr and exit status 2, no traceback."""
     print(f"error: {message}", file=sys.stderr)
@@ -340,7 +375,7 @@ def check_inputs(args, model: Path, out: Path) -> None:
     if (args.summary or args.add_sampled) and not (out / "results.json").is_file():
         fail(f"{out} holds no results.json (no finished run of this script there); pass --out the folder a run of "
              "this script wrote (runs/credit by default)")
-    reads_runs = args.pictures or args.siblings or args.masks
+    reads_runs = args.pictures or args.siblings or args.masks or args.errors
     if reads_runs and not out.is_dir():
         fail(f"{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)")
     if reads_runs and not model.is_dir():
@@ -375,6 +410,9 @@ def main() -> int:
                     "often sibling nodes hold the same tokens and where the nonzero token advantages lie, and stop")
     ap.add_argument("--masks", action="store_true", help="only say, for each finished entropy-mask run in --out, "
                     "which kinds of token the mask kept (the digits of a line's sum, of a number added, ...), and stop")
+    ap.add_argument("--errors", action="store_true", help="only say, for each finished run in --out, where its "
+                    "credit went against its lines' correctness (a right response; a wrong one's lines before its "
+                    "first wrong line, that line, after it), and stop")
     ap.add_argument("--add-sampled", action="store_true", help="only add the sampled pass@1 to the finished runs in "
                     "--out/results.json that lack it (those of --tasks, --methods, --seeds, --on), and stop")
     args = ap.parse_args()
@@ -399,7 +437,7 @@ def main() -> int:
             saved.write_text(json.dumps(results, indent=1))
             print(table([r]).splitlines()[-1], flush=True)
         return 0
-    if args.siblings or args.masks or args.pictures:  # the finished run folders in --out, read with the tokenizer
+    if args.siblings or args.masks or args.errors or args.pictures:  # the finished run folders in --out, read with the tokenizer
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model)
@@ -408,6 +446,17 @@ def main() -> int:
                 found = tree_siblings(folder, tokenizer)
                 if found:
                     print(f"{folder.name}: {found}")
+            elif args.errors:
+                task = next((t for t in TASKS if folder.name.startswith(t + "-")), None)
+                train = model / (TASKS[task][1] + "train.json") if task else None
+                if train is None or not train.is_file():
+                    print(f"{folder.name}: not read (no task's training set in {model} for it)")
+                    continue
+                places = error_credit(folder, tokenizer, json.loads(train.read_text()))
+                mass = sum(c[3] for c in places.values())
+                print(f"{folder.name}: " + "; ".join(
+                    f"{place} {up:,} up / {down:,} down / {zero:,} at 0 ({size / max(mass, 1e-12):.0%} of |A|)"
+                    for place, (up, down, zero, size) in places.items()))
             elif args.masks:
                 kinds = mask_kinds(folder, tokenizer)
                 if kinds:

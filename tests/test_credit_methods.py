@@ -194,6 +194,39 @@ def test_where_the_entropy_masks_kept_tokens_lie_by_kind(tmp_path):
     assert credit_methods.mask_kinds(tmp_path, Chars()) is None
 
 
+def test_where_a_runs_credit_went_against_its_lines_correctness(tmp_path):
+    """--errors on the problem 23 + 4 + 5 (the training set's second: problem_index 1), one token a character,
+    the EOS last. A right response on A_i = +1.5: its 36 tokens up, |A| 54. A wrong one whose second line is wrong
+    ("27 + 5 = 33"), token advantages +0.5 on its first line's 12 tokens (the line end closes a line), -1.0 on the
+    second's 12, 0 on the answer line and EOS: before the error (12 up, 6.0), the error line (12 down, 12.0),
+    after it (12 at 0). A wrong first line on A_i = -0.25 under an entropy mask that keeps 6 tokens of that line
+    and 2 of the next: 6 down (1.5) and 6 at 0 on the error line, 2 down (0.5) and 22 at 0 after it. A wrong
+    answer after two right lines on A_i = -0.5: 36 down, 18.0. A record one token short is not counted."""
+    class Chars:  # a tokenizer of one token per character
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in text]}
+
+        def decode(self, ids):
+            return "".join(map(chr, ids))
+
+    def record(response, reward, advantage=0.0, **extra):
+        return {"problem_index": 1, "response": response, "reward": reward, "advantage": advantage, "tokens": 36,
+                "cut_at_limit": False, **extra}
+
+    mask = [1] * 6 + [0] * 6 + [1] * 2 + [0] * 22
+    records = [record("23 + 4 = 27\n27 + 5 = 32\n\\boxed{32}.", 1.0, 1.5),
+               record("23 + 4 = 27\n27 + 5 = 33\n\\boxed{33}.", 0.0,
+                      token_advantages=[0.5] * 12 + [-1.0] * 12 + [0.0] * 12),
+               record("23 + 4 = 26\n26 + 5 = 31\n\\boxed{31}.", 0.0, -0.25, entropy_mask=mask),
+               record("23 + 4 = 27\n27 + 5 = 32\n\\boxed{33}.", 0.0, -0.5),
+               record("23 + 4 = 27\n27 + 5 = 32\n\\boxed{32}.", 1.0, token_advantages=[100.0] * 35)]
+    (tmp_path / "rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    problems = [{"problem": "1 + 2 + 3"}, {"problem": "23 + 4 + 5"}]
+    assert credit_methods.error_credit(tmp_path, Chars(), problems) == {
+        "right response": (36, 0, 0, 54.0), "before the error": (12, 0, 0, 6.0), "the error line": (0, 18, 6, 13.5),
+        "after the error": (0, 2, 34, 0.5), "wrong, every line right": (0, 36, 0, 18.0)}
+
+
 def test_a_run_is_recorded_from_its_files_and_its_checkpoints_dropped(tmp_path, monkeypatch):
     """one_run with train_rlvr.py's run stubbed by one that writes a finished run's files: greedy 1 -> 3 of 4 (+50
     points) over 300 + 200 generated tokens = +100,000 points per million tokens; 10 + 8 step seconds, so +10,000
