@@ -221,6 +221,12 @@ def response_pieces(r: dict, tokenizer, eos) -> list:
     return [tokenizer.decode([i]) for i in ids] + ([] if r["cut_at_limit"] else [eos])
 
 
+def token_credit(r: dict) -> list[float]:
+    """A rollouts.jsonl record's advantage per token before any entropy mask: its token_advantages, or for the
+    spec's credit A_i on every token."""
+    return r.get("token_advantages", [r["advantage"]] * r["tokens"])
+
+
 def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
     """One group of a finished run drawn as credit.png draws it (train_rlvr.credit_figure): the first step with
     reward variance, each token on a background coloured by the advantage the loss gave it. Its tokens are the
@@ -236,7 +242,7 @@ def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
     records = []
     for r in (r for r in rollouts if r["step"] == steps[0]):
         pieces = response_pieces(r, tokenizer, eos)
-        credit = r.get("token_advantages", [r["advantage"]] * r["tokens"])
+        credit = token_credit(r)
         if len(pieces) != len(credit):
             return None
         records.append(dict(r, tokens=pieces, token_advantages=credit))  # entropy_mask, if any, rides along
@@ -345,7 +351,7 @@ def error_credit(folder: Path, tokenizer, problems: list[dict]) -> dict[str, tup
     counts = {place: [0, 0, 0, 0.0] for place in PLACES}
     for r in (json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()):
         pieces = response_pieces(r, tokenizer, None)
-        credit = r.get("token_advantages", [r["advantage"]] * r["tokens"])
+        credit = token_credit(r)
         if "entropy_mask" in r:
             credit = [a * kept for a, kept in zip(credit, r["entropy_mask"])]
         if len(pieces) != len(credit):

@@ -135,13 +135,13 @@ def test_the_sum4_heldout_method_tables_in_the_docs_are_the_committed_record(met
         assert cells[:3] + cells[4:] == [str(r["seed"]), f"{before}/200 -> {after}/200", f"{change(r):+.1f}",
                                          f"{diffs[-1]:+.1f}", f"{r['nonzero_gradient_steps']}/50",
                                          f"{r['generated_tokens']:,}", f"{r['step_seconds']:.0f}"], r["seed"]
-    readme_text = " ".join((ROOT / "README.md").read_text().split())
     above, below = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
     docs = " ".join(text.split())
     p = f"{T.mcnemar_exact_p(above, below):.2g}"
     assert (f"mean difference {statistics.mean(diffs):+.1f} points (sd {statistics.stdev(diffs):.1f}), {above} seeds "
             f"above and {below} below: sign test p = {p}") in docs
-    assert readme.format(below=-statistics.mean(diffs), sd=statistics.stdev(diffs), p=p) in readme_text
+    assert readme.format(below=-statistics.mean(diffs), sd=statistics.stdev(diffs), p=p) in \
+        " ".join((ROOT / "README.md").read_text().split())
 
 
 def test_the_sum4_dev_tables_in_the_docs_are_the_committed_record():
@@ -161,6 +161,15 @@ def test_the_sum4_dev_tables_in_the_docs_are_the_committed_record():
         assert (row if r["method"] == "sequence" else seconds) in lines, (r["method"], r["settings"])
 
 
+class Chars:
+    """A tokenizer of one token per character (for --masks and --errors)."""
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
 def test_where_the_entropy_masks_kept_tokens_lie_by_kind(tmp_path):
     """--masks: each response re-tokenized (here one character a token) and each token sorted by the text of its
     own line before it. "23 + 4 = 27\\n27 + 5 = 32\\n\\\\boxed{32}." + EOS is 36 tokens: the numbers added 2, 3, 4 and
@@ -169,13 +178,6 @@ def test_where_the_entropy_masks_kept_tokens_lie_by_kind(tmp_path):
     the "3" of 23, the first sum, the first line end, the "2" of the second line's 27 and the second sum's "3"; a
     second response cut at the limit ("5\\n", no EOS) keeps its "5"; a third whose mask is one token short is not
     counted; a run without masks gives None."""
-    class Chars:  # a tokenizer of one token per character
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [ord(c) for c in text]}
-
-        def decode(self, ids):
-            return "".join(map(chr, ids))
-
     text = "23 + 4 = 27\n27 + 5 = 32\n\\boxed{32}."
     mask = [0] * 36
     for i in (1, 9, 10, 11, 12, 21):
@@ -199,13 +201,6 @@ def test_where_a_runs_credit_went_against_its_lines_correctness(tmp_path):
     after it (12 at 0). A wrong first line on A_i = -0.25 under an entropy mask that keeps 6 tokens of that line
     and 2 of the next: 6 down (1.5) and 6 at 0 on the error line, 2 down (0.5) and 22 at 0 after it. A wrong
     answer after two right lines on A_i = -0.5: 36 down, 18.0. A record one token short is not counted."""
-    class Chars:  # a tokenizer of one token per character
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [ord(c) for c in text]}
-
-        def decode(self, ids):
-            return "".join(map(chr, ids))
-
     def record(response, reward, advantage=0.0, **extra):
         return {"problem_index": 1, "response": response, "reward": reward, "advantage": advantage, "tokens": 36,
                 "cut_at_limit": False, **extra}
