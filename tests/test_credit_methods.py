@@ -65,7 +65,7 @@ def test_the_sum4_heldout_table_in_the_docs_is_the_committed_record():
     seed, greedy before -> after, change, steps with a gradient, generated tokens and step seconds."""
     record = json.loads((ROOT / "benchmarks" / "credit47_heldout.json").read_text())
     docs = (ROOT / "docs" / "variants.md").read_text()
-    runs = [r for r in record if r["method"] == "sequence" and not r["settings"]]  # not the equal-compute runs
+    runs = [r for r in record if credit_methods.variant(r) == "sequence"]  # not the equal-compute runs
     assert sorted(r["seed"] for r in runs) == list(range(6))
     for r in runs:
         before, after = r["greedy"]["before"]["correct"], r["greedy"]["after"]["correct"]
@@ -116,8 +116,8 @@ def test_the_sum4_heldout_method_tables_in_the_docs_are_the_committed_record(met
     if settings is None:
         dev = [r for r in json.loads((ROOT / "benchmarks" / "credit47_dev.json").read_text()) if r["method"] == method]
         settings = tuple(max(dev, key=lambda r: r["greedy"]["after"]["correct"])["settings"])
-    sequence = {r["seed"]: r for r in record if r["method"] == "sequence" and not r["settings"]}
-    runs = [r for r in record if r["method"] == method and (method != "sequence" or r["settings"])]
+    sequence = {r["seed"]: r for r in record if credit_methods.variant(r) == "sequence"}
+    runs = [r for r in record if r["method"] == method]
     assert sorted(r["seed"] for r in runs) == list(range(seeds))
     assert {tuple(r["settings"]) for r in runs} == {settings}
     text = (ROOT / "docs" / "variants.md").read_text().split(heading)[1]
@@ -269,13 +269,14 @@ def test_the_sum4_equal_compute_table_in_the_docs_is_the_committed_record():
     from `sequence` (50 steps) at the same seed, steps with a gradient of N, generated tokens, step seconds; then
     the mean differences, there and in the README's paragraph."""
     record = [r for r in json.loads((ROOT / "benchmarks" / "credit47_heldout.json").read_text()) if r["on"] == "heldout"]
-    sequence = {r["seed"]: r for r in record if r["method"] == "sequence" and not r["settings"]}
+    sequence = {r["seed"]: r for r in record if credit_methods.variant(r) == "sequence"}
     mc = {r["seed"]: r for r in record if r["method"] == "monte_carlo"}
     assert sorted(mc) == list(range(6))
     n = round(50 * statistics.mean(r["step_seconds"] for r in mc.values())
               / statistics.mean(sequence[s]["step_seconds"] for s in mc))
     runs = [r for r in record if r["method"] == "sequence" and r["settings"]]
-    assert n == 137 and runs and all(r["settings"] == [f"num_problems={n}"] and r["steps"] == n for r in runs)
+    assert n == 137 and runs and all(credit_methods.variant(r) == f"sequence num_problems={n}" and r["steps"] == n
+                                     for r in runs)
     text = (ROOT / "docs" / "variants.md").read_text().split("Held-out, the spec's credit given `monte_carlo`'s seconds")[1]
     change = lambda r: (r["greedy"]["after"]["correct"] - r["greedy"]["before"]["correct"]) / 2  # noqa: E731
     for r in runs:
