@@ -267,7 +267,7 @@ def test_the_sum4_equal_compute_table_in_the_docs_is_the_committed_record():
     six held-out seeds / the spec's credit's at the same seeds (1631 / 595 s: 137). docs/variants.md's rows are
     benchmarks/credit47_heldout.json's runs: seed, greedy before -> after, change, difference from `monte_carlo` and
     from `sequence` (50 steps) at the same seed, steps with a gradient of N, generated tokens, step seconds; then
-    the mean differences, there and in the README's paragraph."""
+    the mean differences, there and in the README's paragraph, and each difference's sd and sign test over the seeds."""
     record = [r for r in json.loads((ROOT / "benchmarks" / "credit47_heldout.json").read_text()) if r["on"] == "heldout"]
     sequence = {r["seed"]: r for r in record if credit_methods.variant(r) == "sequence"}
     mc = {r["seed"]: r for r in record if r["method"] == "monte_carlo"}
@@ -289,6 +289,12 @@ def test_the_sum4_equal_compute_table_in_the_docs_is_the_committed_record():
     vs_seq = statistics.mean(change(r) - change(sequence[r["seed"]]) for r in runs)
     docs = " ".join(text.split())
     assert f"{vs_mc:+.1f} points against `monte_carlo` and {vs_seq:+.1f} against its own 50 steps" in docs
+    import train_rlvr as T
+    for other, name in ((mc, "`monte_carlo`"), (sequence, "its own 50 steps")):  # the sign test over the seeds run
+        d = [change(r) - change(other[r["seed"]]) for r in runs]
+        above, below = sum(x > 0 for x in d), sum(x < 0 for x in d)
+        assert (f"against {name}: sd {statistics.stdev(d):.1f}, {above} above and {below} below, "
+                f"sign test p = {T.mcnemar_exact_p(above, below):.2g}") in docs, name
     assert f"the spec's credit given its seconds (137 problems) ends {vs_mc:.1f} points above it" in \
         " ".join((ROOT / "README.md").read_text().split())
 
