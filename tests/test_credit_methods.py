@@ -285,13 +285,13 @@ def test_the_sum4_equal_compute_table_in_the_docs_is_the_committed_record():
                f"{change(r) - change(mc[s]):+.1f} | {change(r) - change(sequence[s]):+.1f} | "
                f"{r['nonzero_gradient_steps']}/{n} | {r['generated_tokens']:,} | {r['step_seconds']:.0f} |")
         assert r["greedy"]["before"]["correct"] == 17 and row in text, row
-    vs_mc = statistics.mean(change(r) - change(mc[r["seed"]]) for r in runs)
-    vs_seq = statistics.mean(change(r) - change(sequence[r["seed"]]) for r in runs)
+    import train_rlvr as T
+    diffs = {name: [change(r) - change(other[r["seed"]]) for r in runs]
+             for other, name in ((mc, "`monte_carlo`"), (sequence, "its own 50 steps"))}
+    vs_mc, vs_seq = map(statistics.mean, diffs.values())
     docs = " ".join(text.split())
     assert f"{vs_mc:+.1f} points against `monte_carlo` and {vs_seq:+.1f} against its own 50 steps" in docs
-    import train_rlvr as T
-    for other, name in ((mc, "`monte_carlo`"), (sequence, "its own 50 steps")):  # the sign test over the seeds run
-        d = [change(r) - change(other[r["seed"]]) for r in runs]
+    for name, d in diffs.items():  # each difference's sd and sign test over the seeds run
         above, below = sum(x > 0 for x in d), sum(x < 0 for x in d)
         assert (f"against {name}: sd {statistics.stdev(d):.1f}, {above} above and {below} below, "
                 f"sign test p = {T.mcnemar_exact_p(above, below):.2g}") in docs, name
