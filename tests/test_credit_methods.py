@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import train_rlvr as T
 from conftest import ROOT
 from run_helpers import one_line_error
 
@@ -110,7 +111,6 @@ def test_the_sum4_heldout_method_tables_in_the_docs_are_the_committed_record(met
     not kept); then the mean and sd of the differences and the sign test over the seeds,
     there and in the README's paragraph. The entropy mask's and monte_carlo's rates are the ones that scored best
     on dev (benchmarks/credit47_dev.json): chosen on dev, never on held-out."""
-    import train_rlvr as T
 
     record = json.loads((ROOT / "benchmarks" / "credit47_heldout.json").read_text())
     if settings is None:
@@ -286,7 +286,6 @@ def test_the_sum4_equal_compute_table_in_the_docs_is_the_committed_record():
                f"{change(r) - change(mc[s]):+.1f} | {change(r) - change(sequence[s]):+.1f} | "
                f"{r['nonzero_gradient_steps']}/{n} | {r['generated_tokens']:,} | {r['step_seconds']:.0f} |")
         assert r["greedy"]["before"]["correct"] == 17 and row in text, row
-    import train_rlvr as T
     diffs = {name: [change(r) - change(other[r["seed"]]) for r in runs]
              for other, name in ((mc, "`monte_carlo`"), (sequence, "its own 50 steps"))}
     vs_mc, vs_seq = map(statistics.mean, diffs.values())
@@ -320,12 +319,11 @@ def test_the_sum4_sampled_pass1_table_in_the_docs_is_the_committed_record():
     name = lambda r: f"sequence, {r['steps']} steps" if r["method"] == "sequence" and r["settings"] else r["method"]  # noqa: E731
     names = dict.fromkeys(map(name, record))
     assert {"sequence", "tree", "entropy", "monte_carlo"} <= names.keys()
-    for method in names:
-        xs = sorted((r["seed"], r["sampled"]["after"]) for r in record if name(r) == method)
+    after = {method: sorted((r["seed"], r["sampled"]["after"]) for r in record if name(r) == method) for method in names}
+    for method, xs in after.items():
         assert (len(xs) >= 3 or method.endswith(" steps")) and row(method, xs) in rows, method
     # the sentence under the table: the spec's credit at 137 steps against itself at 50 and monte_carlo, same seeds
-    at = lambda method: {r["seed"]: r["sampled"]["after"] for r in record if name(r) == method}  # noqa: E731
-    long = at("sequence, 137 steps")
-    mean = lambda method: f"{100 * statistics.mean(at(method)[s] for s in long):.1f} %"  # noqa: E731
+    long = dict(after["sequence, 137 steps"])
+    mean = lambda method: f"{100 * statistics.mean(dict(after[method])[s] for s in long):.1f} %"  # noqa: E731
     assert (f"samples {mean('sequence, 137 steps')} at seeds 0-{max(long)}, against {mean('sequence')} at 50 steps "
             f"and `monte_carlo`'s {mean('monte_carlo')}") in " ".join(docs.split())
