@@ -965,9 +965,10 @@ def next_learning_rate(scheduler, steps: int = 1) -> None:
 def step_or_skip(slots: list[Slot], loss: float, t: Trainer) -> tuple[float, float | None]:
     """optimizer_step, the spec's: a zero-variance group too takes its AdamW step, with a zero
     gradient (momentum and weight decay still move the weights). zero_variance=skip takes none for
-    such a group (with P groups: when every group of the step has zero variance): weights, AdamW moments
-    and step count stay as they are; grad norm and update norm 0."""
-    if t.cfg.zero_variance == "skip" and all(s.group.zero_variance for s in slots):
+    a group with no signal (no_signal: with credit, every A_it 0, so a monte_carlo value that gives a zero-variance
+    group a gradient is kept; with P groups: when no group of the step has one): weights, AdamW moments and step
+    count stay as they are; grad norm and update norm 0."""
+    if t.cfg.zero_variance == "skip" and all(no_signal(s.group, s.credit) for s in slots):
         return 0.0, 0.0
     return optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.weights_before, t.state_before)
 
@@ -1326,6 +1327,9 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     if od.resume_from is not None:
         s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
         s.last_saved = len(s.history)
+        # the problems still to train, P a step: a finished run extended (num_problems raised) trains exactly the
+        # rest, each once, though its last step took fewer than P (find_resume_checkpoint refuses a smaller one)
+        s.steps = len(s.history) + run_steps(trains - problems_trained(s.history), cfg)
         next_learning_rate(t.scheduler, len(s.history))  # the rate of each step is a function of the step alone
         progress(f"resumed from {od.resume_from} after step {len(s.history)}")
     on_rank0(check_disk, cfg, model, od.path, len(s.history), s.steps)
@@ -1341,7 +1345,7 @@ def run_candidates(s: RunState, cfg: Config) -> tuple[list[dict], int, int]:
     """The problems the next step may draw, the draw number of the first (1-based: its place in the data) and
     how many the step trains on (P; the last step the rest). P; with zero_variance=resample up to resample_limit
     for each, as many as the data set holds beyond those the steps still to come take (so each has its own)."""
-    drawn, done = problems_drawn(s.history), len(s.history) * cfg.problems_per_step
+    drawn, done = problems_drawn(s.history), problems_trained(s.history)
     take = min(cfg.problems_per_step, s.trains - done)
     later = s.trains - done - take  # the problems of the steps after this one
     n = take if cfg.zero_variance != "resample" else max(take, min(take * cfg.resample_limit,
@@ -4115,6 +4119,11 @@ def problems_drawn(history: list[dict]) -> int:
     return sum(m.get("problems_drawn", 1) for m in history)
 
 
+def problems_trained(history: list[dict]) -> int:
+    """The problems the steps done have trained on: one each, or the P (the last step: the rest) of "problems"."""
+    return sum(len(m.get("problems", [m["problem_index"]])) for m in history)
+
+
 def checkpoint_history(ckpt: Path, problems: list[dict]) -> list[dict]:
     """The metrics of a verified checkpoint's steps, once its data position is checked against the data."""
     state = json.loads((ckpt / "state.json").read_text())
@@ -4245,9 +4254,10 @@ def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | N
     if differ:
         raise UserError(f"cannot resume {ckpt}: these settings differ from the checkpoint's and change the math: "
                         f"{', '.join(differ)}; set them back or start a new run in another output_dir")
-    done = json.loads((ckpt / "state.json").read_text())["step"]
+    done = problems_trained([json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()])
     if cfg.num_problems < done:
-        raise UserError(f"cannot resume {ckpt}: it has done {done} steps but num_problems is {cfg.num_problems}")
+        raise UserError(f"cannot resume {ckpt}: it has trained {done} problems but num_problems is "
+                        f"{cfg.num_problems}; set num_problems to at least {done}")
     return ckpt
 
 

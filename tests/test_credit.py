@@ -598,3 +598,21 @@ def test_a_resume_that_changes_the_credit_is_refused(credit_runs, tiny_model_dir
         assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=3", "learning_rate=1e-3",
                                 "save_every=1", "token_report=true", "resume=auto", *extra)) == 2
         assert changed.split("=")[0] in one_line_error(capsys, "cannot resume")
+
+
+def test_zero_variance_skip_keeps_the_monte_carlo_gradient_of_a_zero_variance_group(tiny_model_dir, tiny_data_file,
+                                                                                     tmp_path, monkeypatch):
+    """zero_variance=skip skips a group whose credit is all zero, not every group with equal rewards: monte_carlo's
+    values give these six zero-variance groups of 2 a gradient, which skip keeps (the same grad and update norms as
+    step at every step; it used to print grad norm 0 and throw the continuations' gradient away)."""
+    monkeypatch.setattr(T, "score_rollouts", rlvr_driver.by_text)
+    runs = {}
+    for how in ("step", "skip"):
+        out = tmp_path / how
+        assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=6", "learning_rate=1e-3",
+                                "group_size=2", "credit=monte_carlo", "credit_segment_tokens=2", "credit_samples=2",
+                                f"zero_variance={how}")) == 0
+        runs[how] = [(m["reward_std"], m["grad_norm"], m["update_norm"])
+                     for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+    assert all(std == 0 and grad > 0 for std, grad, _ in runs["step"])
+    assert runs["skip"] == runs["step"]

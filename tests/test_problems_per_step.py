@@ -128,6 +128,26 @@ def test_a_resume_between_steps_of_two_problems_is_exact(tiny_model_dir, tiny_da
     one_line_error(capsys, "problems_per_step")
 
 
+def test_a_finished_run_extended_on_resume_trains_each_problem_up_to_num_problems_once(
+        tiny_model_dir, tiny_data_file, tmp_path, monkeypatch, capsys):
+    """5 problems, 2 a step: 0,1 / 2,3 / 4. Resumed with num_problems=8 it trains 5,6 / 7 (not 5,6 and never 7:
+    the problems done are counted, not the steps times P); with 6, problem 5 alone; with 3 it is refused."""
+    import shutil
+    done = tmp_path / "done"
+    _run(tiny_model_dir, tiny_data_file, done, monkeypatch, capsys, "problems_per_step=2", "num_problems=5")
+    for n, trained in ((8, [[0, 1], [2, 3], [4], [5, 6], [7]]), (6, [[0, 1], [2, 3], [4], [5]])):
+        shutil.copytree(done, tmp_path / f"to{n}")
+        out = _run(tiny_model_dir, tiny_data_file, tmp_path / f"to{n}", monkeypatch, capsys, "problems_per_step=2",
+                   f"num_problems={n}", "resume=auto")
+        assert [m["problems"] for m in _jsonl(tmp_path / f"to{n}" / "metrics.jsonl")] == trained
+        assert f"problems drawn          {n} for {len(trained)} optimizer steps" in out
+    code = T.main(main_args(tiny_model_dir, tiny_data_file, done, "learning_rate=1e-3", "save_every=1",
+                            "keep_last=5", "problems_per_step=2", "num_problems=3", "resume=auto"))
+    assert code == 2
+    assert one_line_error(capsys) == (f"error: cannot resume {done / 'checkpoints' / 'step-000003'}: it has trained 5 "
+                                      "problems but num_problems is 3; set num_problems to at least 5")
+
+
 def test_zero_variance_skip_and_resample_act_per_group(tiny_model_dir, tiny_data_file, tmp_path, monkeypatch, capsys):
     """Problems 1 and 2 (answers "2", "4") have no variance. skip: step 1 (problems 0, 1) still steps, step 2
     (2, 3) too; resample: each slot whose group is flat draws the next problem, the slots refilled in one decode."""
