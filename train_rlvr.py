@@ -3342,7 +3342,9 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
     for ax in axes[1:3]:  # one step sits at one x on every step panel (a log panel ends at its last nonzero value)
         ax.sharex(axes[0])
     steps = [m["step"] for m in metrics]
+    # each bar counts its step's rollouts: P x G with problems_per_step (the last step may hold fewer problems)
     g = metrics[0]["group_size"] if metrics else 8
+    p = max((len(m.get("problems", [0])) for m in metrics), default=1)
     flat = [m["reward_std"] == 0 for m in metrics]
     axes[0].bar(steps, [m["correct"] for m in metrics], color=["0.7" if f else "tab:green" for f in flat])
     if any(flat):  # unclipped: a cross at 0 would be cut in half by the axis (and an empty unclipped line
@@ -3352,7 +3354,8 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
     # the bars are one artist of two colours: the legend names each colour itself
     axes[0].legend([Patch(color="tab:green"), (Patch(color="0.7"), Line2D([], [], ls="", marker="x", color="tab:red"))],
                    ["correct rollouts", "zero-variance group (no gradient)"], **outside)
-    axes[0].set(xlabel="step", ylabel=f"correct / {g}", ylim=(0, g), title="rewards per step")
+    axes[0].set(xlabel="step", ylabel=f"correct / {g}" if p == 1 else f"correct / {p} x {g}", ylim=(0, p * g),
+                title="rewards per step")
     def positive(x):  # a log axis has no 0 (a zero-variance group's gradient): a gap, not a line to the edge
         return float(x) if x is not None and float(x) > 0 else float("nan")
 

@@ -293,6 +293,17 @@ def test_run_png_lays_out_a_run_without_zero_variance_steps():
         "correct rollouts", "zero-variance group (no gradient)"]
 
 
+def test_run_png_counts_each_steps_p_x_g_rollouts_with_several_problems_a_step():
+    """problems_per_step 2, groups of 4: step 2's 6 correct of 8 is a bar of 6 on an axis of 8, not a full 4/4."""
+    metrics = [dict(step=s, group_size=4, problems=p, correct=c, reward_std=0.5, response_tokens=20, grad_norm=1.0,
+                    update_norm=0.01) for s, p, c in ((1, [0, 1], 1), (2, [2, 3], 6), (3, [4], 2))]
+    ax = _drawn(T.run_figure(metrics, [])).axes[0]
+    assert ax.get_ylabel() == "correct / 2 x 4" and ax.get_ylim() == (0, 8)
+    assert [p.get_height() for p in ax.patches] == [1, 6, 2]
+    one = _drawn(T.run_figure([{k: v for k, v in m.items() if k != "problems"} for m in metrics], [])).axes[0]
+    assert (one.get_ylabel(), one.get_ylim()) == ("correct / 4", (0, 4))  # the spec's P = 1: correct / G
+
+
 def test_run_png_is_the_same_bytes_for_the_same_logs():
     import io
 
