@@ -91,7 +91,7 @@ class Config:
     max_new_tokens: int = 512
     eos_token: str = "<|endoftext|>"
     learning_rate: float = 1e-5
-    lr_schedule: str = "constant"  # constant (the spec), linear or cosine decay to 0 over the run (transformers')
+    lr_schedule: str = "constant"  # constant (the spec), linear or cosine: decays to 0 a step after the last (transformers')
     warmup_steps: int = 0  # steps whose learning rate rises linearly from 0 to learning_rate first
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
@@ -475,7 +475,7 @@ def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str
 # own reward, in between the mean reward of credit_samples continuations sampled from that cut (monte_carlo) or
 # of the tree's leaves under that node (tree). credit_scale turns the changes into advantages (scale_changes):
 #   raw     A_it = dV                                    SPO-tree's (arXiv 2505.23564), credit=tree's default (auto)
-#   whiten  A_it = (dV - mean) / (std + std_eps)         over every token the step trains: VinePPO's (2410.01679),
+#   whiten  A_it = (dV - mean) / (std + std_eps)         over the group's trained tokens: VinePPO's (2410.01679),
 #                                                        credit=monte_carlo's default (auto)
 #   group   A_it = dV / (std(r) + std_eps)               the spec's scale: a response's changes add up to its A_i
 #                                                        (the values telescope); a zero-variance group gets 0

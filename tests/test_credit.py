@@ -143,6 +143,9 @@ def test_identical_siblings_are_one_node_with_the_value_of_all_their_leaves():
     credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor(x) for x in tree.leaves], group, adv, {"answer": "1"}, t)
     assert credit.values[0] == [0.125, 0.125, 0.5, 1.0] and credit.values[4] == [0.125, 0.125, 0.0, 0.0]
     assert credit.token_advantages[0] == [0.0, 0.375, 0.5, 0.5] and credit.token_advantages[4] == [0.0, -0.125, 0, 0]
+    # docs/variants.md's tuned-tree runs kept siblings apart: the page says the tree merges them now
+    page = " ".join((ROOT / "docs" / "variants.md").read_text().split())
+    assert "rlvr's tree now merges identical siblings (`tree_values`" in page and "and does not: left" not in page
 
 
 def test_a_tree_whose_responses_end_before_its_last_level_says_how_many_are_copies(capsys):
@@ -290,7 +293,7 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
 def test_continuation_values_average_the_scored_continuations_of_each_cut(monkeypatch):
     """Every (cut, sample) is a row: prompt + the response up to the cut, its own stream (seed, draw, rollout,
     cut, sample), at most max_new_tokens - cut new tokens; the text scored is prefix + continuation."""
-    t = _trainer(group_size=2, credit="monte_carlo", credit_samples=2, max_new_tokens=6)
+    t = _trainer(group_size=4, credit="monte_carlo", credit_samples=2, max_new_tokens=6)  # a mean over 2, not G
     t.scorer, t.model = object(), torch.nn.Linear(1, 1)
     calls = []
 
@@ -347,6 +350,66 @@ def test_continuation_values_score_with_the_format_bonus_and_the_reward_function
     args = (*args[:5], {"answer": "1", "record": {"id": 7}}, *args[6:])
     assert T.continuation_values(*args, t) == ([[0.25, 0.25]], 12)
     assert t.scorer.records == [{"id": 7}] * 4
+
+
+def test_a_response_shorter_than_one_segment_has_the_spec_credit_only_at_the_groups_scale(monkeypatch):
+    """No cut in any response (2 to 4 tokens, segments of 32): each token's change of value is r_i - mean(r), which
+    credit_scale group scales to the spec's A_i exactly as the settings page says; the default whitens those changes
+    over the group's 11 tokens (0.75 twice, -0.25 nine times; mean -0.06818, sample std 0.40452): other numbers."""
+    monkeypatch.setattr(T, "continuation_values", lambda *a: ([[] for _ in range(4)], 0))
+    responses = [torch.tensor([5, 0]), torch.tensor([6, 7, 0]), torch.tensor([8, 0]), torch.tensor([9, 10, 11, 0])]
+    group = _group([1.0, 0.0, 0.0, 0.0], [2, 3, 2, 4])
+    adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
+    t = _trainer(group_size=4, credit="monte_carlo", credit_scale="group")
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
+    assert credit.token_advantages == [[a] * n for a, n in zip(adv.tolist(), [2, 3, 2, 4])]
+    t.cfg.credit_scale = "auto"
+    credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
+    x = torch.tensor([0.75] * 2 + [-0.25] * 9)
+    assert sum(credit.token_advantages, []) == pytest.approx(((x - x.mean()) / (x.std() + 1e-4)).tolist(), abs=1e-6)
+    assert credit.token_advantages[0][0] == pytest.approx(2.02210, abs=1e-5)  # the spec: 1.49970
+    page = " ".join((ROOT / "docs" / "settings.md").read_text().split())
+    assert ("`monte_carlo` gives each of its tokens its V(end) - V(start) = r_i - mean(r) as `credit_scale` scales it, "
+            "which is the spec's A_i only with `credit_scale: group`") in page
+
+
+def test_at_two_problems_a_step_each_group_has_its_own_continuations_and_whitening(tiny_model_dir, tiny_data_file,
+                                                                                   tmp_path, monkeypatch):
+    """monte_carlo at P = 2 over 4 problems: each group's continuations are keyed by its own draw (1, 2, 3, 4, not
+    the step's first: 1, 1, 3, 3), and each group's token advantages are whitened over its own tokens (mean 0,
+    sample std 1 within each group), as docs/variants.md says."""
+    monkeypatch.setattr(T, "score_rollouts", rlvr_driver.by_text)
+    draws, real = [], T.continuation_values
+    monkeypatch.setattr(T, "continuation_values", lambda step, prompt_ids, responses, starts, draw, *rest: (
+        draws.append(draw) or real(step, prompt_ids, responses, starts, draw, *rest)))
+    out = tmp_path / "run"
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=4", "problems_per_step=2",
+                            "learning_rate=1e-3", "credit=monte_carlo", "credit_segment_tokens=2",
+                            "credit_samples=2")) == 0
+    assert draws == [1, 2, 3, 4]
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    for problem in range(4):
+        a = torch.tensor(sum((r["token_advantages"] for r in rollouts if r["problem_index"] == problem), []))
+        assert abs(a.mean().item()) < 1e-5 and (a.std().item() == pytest.approx(1.0, abs=1e-3) or not a.any())
+    page = " ".join((ROOT / "docs" / "variants.md").read_text().split())
+    assert ("over every token of the group the loss trains (with `problems_per_step` > 1, each group over its own "
+            "tokens)") in page
+
+
+def test_the_entropy_mask_at_two_problems_a_step_reads_each_groups_own_entropies(tiny_model):
+    """P = 2, top_entropy_quantile 0.5: group 1's entropies, sampled in one batch with group 0's, are those it gets
+    alone (not group 0's)."""
+    model, tok = tiny_model
+    t = SimpleNamespace(cfg=T.Config(device="cpu", group_size=4, max_new_tokens=6, top_entropy_quantile=0.5),
+                        model=model, tokenizer=tok, device=torch.device("cpu"), precision="fp32", eos_id=0,
+                        decoders=T.Decoders())
+    draws = [(k + 1, {"index": k}, torch.tensor(tok(T.build_prompt(T.SPEC_PROMPT, q))["input_ids"]))
+             for k, q in enumerate(["What is 9 + 9?", "What is 1000 + 1000 + 1000?"])]
+    together = T.sample_groups(1, draws, t)
+    alone = T.sample_groups(1, [draws[1]], t)[0]
+    assert [r.tolist() for r in together[1][0]] == [r.tolist() for r in alone[0]]
+    assert together[1][3] == [pytest.approx(e, rel=1e-5, abs=1e-6) for e in alone[3]]
+    assert together[1][3] != [pytest.approx(e, rel=1e-5, abs=1e-6) for e in together[0][3]]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -66,6 +66,37 @@ def test_a_run_takes_each_steps_rate_and_resumes_exactly(tiny_model_dir, tiny_da
     one_line_error(capsys, "change the math: num_problems")
 
 
+def test_the_schedule_steps_once_a_training_step_over_the_runs_steps(tiny_model_dir, tiny_data_file, tmp_path,
+                                                                     monkeypatch):
+    """linear at 1e-3 over 4 problems: with ppo_epochs 2 every epoch of a step takes that step's rate (one scheduler
+    step a training step, not an epoch: not 1e-3, 5e-4, 0, 0); with problems_per_step 2 the schedule spans the
+    run's 2 steps (not its 4 problems: not 1e-3, 7.5e-4)."""
+    first_rollout_wins(monkeypatch)
+    for name, extra, rates in (("epochs", ["ppo_epochs=2"], [1e-3, 7.5e-4, 5e-4, 2.5e-4]),
+                               ("p2", ["problems_per_step=2"], [1e-3, 5e-4])):
+        assert T.main(main_args(tiny_model_dir, tiny_data_file, tmp_path / name, "num_problems=4", "learning_rate=1e-3",
+                                "lr_schedule=linear", *extra)) == 0
+        metrics = _metrics(tmp_path / name)
+        assert [m["learning_rate"] for m in metrics] == pytest.approx(rates, abs=1e-12)
+        if name == "epochs":
+            assert all([e["learning_rate"] for e in m["epochs"]] == [m["learning_rate"]] * 2 for m in metrics)
+
+
+def test_a_decaying_schedule_reaches_0_a_step_after_the_last_as_the_settings_page_says():
+    """linear at 1e-3, 6 steps, 2 of warmup: the last step trains at 2.5e-4 (1 / (6 - 2) of the rate), not at 0."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.AdamW([param], lr=1e-3)
+    scheduler = T.lr_scheduler(T.Config(lr_schedule="linear", warmup_steps=2), optimizer, 6)
+    T.next_learning_rate(scheduler, 5)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(2.5e-4, abs=1e-15)
+    T.next_learning_rate(scheduler)
+    assert optimizer.param_groups[0]["lr"] == 0.0  # the step after the last
+    from conftest import ROOT
+    page = " ".join((ROOT / "docs" / "settings.md").read_text().split())
+    assert ("`linear` or `cosine` decay to 0 one step after the last (the last step trains at 1 / (steps - "
+            "`warmup_steps`) of `learning_rate` with `linear`: 2.5e-4 of 1e-3 over 6 steps with 2 of warmup)") in page
+
+
 @pytest.mark.parametrize("setting, message", [
     ("lr_schedule=step", "config key 'lr_schedule' must be one of constant, linear, cosine, got 'step'"),
     ("warmup_steps=-1", "config key 'warmup_steps' must be an integer >= 0 and below the run's 50 steps"),

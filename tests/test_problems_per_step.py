@@ -193,6 +193,53 @@ def test_bad_problems_per_step_is_one_line_and_exit_2(tiny_model_dir, tiny_data_
     assert not (tmp_path / "bad").exists()
 
 
+def test_left_padding_counts_each_rows_positions_from_its_first_real_token():
+    """Prompts of lengths 3 and 2: the second is padded on the left, its pad masked and its positions 0, 1 at its
+    real tokens (the mask's cumsum - 1; the pad's position is 1, never read)."""
+    batch, mask, positions = T.left_padded([torch.tensor([5, 6, 7]), torch.tensor([8, 9])], 0)
+    assert batch.tolist() == [[5, 6, 7], [0, 8, 9]] and mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+    assert positions.tolist() == [[0, 1, 2], [1, 0, 1]]
+    assert T.left_padded([torch.tensor([5, 6]), torch.tensor([8, 9])], 0)[1:] == (None, None)  # one length: no mask
+
+
+def test_the_next_steps_candidates_follow_the_problems_trained():
+    """5 problems at P = 2 after 2 steps (0,1 / 2,3): the last step takes problem 4 alone, draw 5; after 1 step,
+    problems 2 and 3 (draws 3, 4)."""
+    problems = [{"index": i} for i in range(5)]
+    cfg = T.Config(num_problems=5, problems_per_step=2)
+    s = T.RunState(None, [], problems, [], T.run_steps(5, cfg), 5)
+    s.history = [dict(step=1, problem_index=0, problems=[0, 1], problems_drawn=2)]
+    assert T.run_candidates(s, cfg) == ([problems[2], problems[3]], 3, 2)
+    s.history.append(dict(step=2, problem_index=2, problems=[2, 3], problems_drawn=2))
+    assert T.run_candidates(s, cfg) == ([problems[4]], 5, 1)
+
+
+def test_the_kl_figure_is_per_token_of_every_group_of_the_step():
+    """Two groups with 14 and 4 response tokens and k3 sums 1.0 and 0.8: kl 1.8 / 18 = 0.1 (not over the first
+    group's 14 tokens alone: 0.1286); the clipped fraction likewise over the 18 tokens."""
+    slots = [T.Slot({"index": k}, None, [], _group_of(tokens)) for k, tokens in enumerate(([4, 2, 5, 3], [1, 1, 1, 1]))]
+    done = [T.Pass(-0.5, [0.0] * 4, kl=1.0, clipped=9.0), T.Pass(-0.25, [0.0] * 4, kl=0.8, clipped=0.0)]
+    figures = T.epoch_figures(1, done, 2.0, 0.1, slots, T.Config(kl_coef=0.1, ppo_epochs=2, problems_per_step=2))
+    assert figures["kl"] == pytest.approx(0.1, abs=1e-12) and figures["clipped_fraction"] == 0.5
+    assert figures["policy_loss"] == -0.75
+
+
+def _group_of(tokens):
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    return T.Group(["x"] * 4, [verdict(x == 1.0) for x in r.tolist()], tokens, [False] * 4, r, False)
+
+
+def test_the_rollout_streams_are_keyed_by_each_problems_draw(tiny_model_dir, tiny_data_file, tmp_path, monkeypatch,
+                                                             capsys):
+    """4 problems at P = 2: each group's streams are keyed by its own draw (its place in the data: 1, 2, 3, 4),
+    not by the step (1, 1, 2, 2), so a problem's rollouts are those it gets at P = 1."""
+    keys, real = [], T.rollout_streams
+    monkeypatch.setattr(T, "rollout_streams", lambda seed, draw, rollouts, device: keys.append(draw) or real(
+        seed, draw, rollouts, device))
+    _run(tiny_model_dir, tiny_data_file, tmp_path / "p2", monkeypatch, capsys, "problems_per_step=2")
+    assert keys == [1, 2, 3, 4]
+
+
 def test_the_schedule_spans_the_runs_steps_not_its_problems():
     """5 problems, 2 a step: 3 steps (the last takes one), and a linear schedule decays over those 3."""
     cfg = T.Config(num_problems=5, problems_per_step=2, lr_schedule="linear", learning_rate=1.0)

@@ -105,6 +105,18 @@ def test_the_completion_ratios_are_fractions_of_the_group():
             scalars["completions/mean_length"], scalars["tokens_per_second"]) == (0.75, 0.25, 5.5, 44.0)
 
 
+def test_frac_reward_zero_std_is_the_fraction_of_the_steps_groups():
+    """problems_per_step 2: groups with sample std 0.5 and 0 make frac_reward_zero_std 0.5 (a fraction, not a count
+    of 1), and the run's zero-variance groups count 1."""
+    groups = [dict(group_size=4, reward_std=0.5, correct=1), dict(group_size=4, reward_std=0.0, correct=0)]
+    m = dict(step=1, group_size=4, correct=1, reward_mean=0.125, reward_std=0.25, response_tokens=40, cut_at_limit=0,
+             no_answer=0, policy_loss=-0.5, grad_norm=2.0, update_norm=0.1, skipped=False, seconds=1.0,
+             timings={"generation": 0.5}, groups=groups, problems=[0, 1])
+    scalars = T.step_scalars(m, [m])
+    assert (scalars["frac_reward_zero_std"], scalars["run/zero_variance_groups"]) == (0.5, 1)
+    assert scalars["completions/mean_length"] == 5.0  # 40 tokens over 2 x 4 rollouts
+
+
 def _wandb_records(run_file):
     """The records of a wandb run file (what `wandb sync` uploads): 7-byte header, then 32 KiB blocks of
     chunks (crc32, length, type: 1 whole, 2 first, 3 middle, 4 last), each record a wandb Record protobuf."""
