@@ -1443,6 +1443,8 @@ ACTS_ONLY_WITH = [
     ("resample_limit", lambda c: c.zero_variance == "resample", "zero_variance=resample"),
     ("clip_eps", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
     ("clip_eps_high", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
+    ("eval_every", lambda c: c.eval_problems > 0, "eval_problems > 0 (evaluation on)"),
+    ("eval_samples", lambda c: c.eval_problems > 0, "eval_problems > 0 (evaluation on)"),
 ]
 
 
@@ -1508,8 +1510,10 @@ def step_checks(cfg: Config) -> list[tuple[str, bool, str]]:
         ("top_p", 0 < cfg.top_p <= 1, "a number in (0, 1]"),
         ("max_new_tokens", 1 <= cfg.max_new_tokens <= 2**20, "an integer in [1, 1048576]"),
         ("num_problems", cfg.num_problems >= 0, "an integer >= 0 (0: evaluation only)"),
-        ("problems_per_step", 1 <= cfg.problems_per_step <= max(1, cfg.num_problems),
-         f"an integer in [1, num_problems {cfg.num_problems}] (the problems of one optimizer step)"),
+        ("problems_per_step", 1 <= cfg.problems_per_step and (cfg.problems_per_step <= cfg.num_problems
+                                                              or cfg.num_problems == 0),  # evaluation only: unused
+         f"an integer in [1, num_problems {cfg.num_problems}] (the problems of one optimizer step)"
+         if cfg.num_problems else "an integer >= 1"),
         ("problems_per_step", cfg.problems_per_step == 1 or cfg.credit != "tree",
          "1 with credit: tree (a tree grows one problem's group at a time; monte_carlo and sequence take several)"),
         ("start_index", cfg.start_index >= 0, "an integer >= 0"),
@@ -2950,8 +2954,13 @@ def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 
     grad_steps = [m["step"] for m in metrics if not m["skipped"] and m["grad_norm"] > 0]
     moved = [m["step"] for m in metrics if not m["skipped"] and m["update_norm"] > 0]
     skipped = [m["step"] for m in metrics if m["skipped"]]
-    gen_tokens = sum(m["response_tokens"] + sum(g["response_tokens"] for g in m.get("set_aside", [])) for m in metrics)
-    gen_seconds = sum(m["timings"]["generation"] for m in metrics)
+    # the tokens sampled, over the seconds of sampling them: with credit (generated_tokens) the tree's branches (not
+    # its leaves' shared prefixes again) and monte_carlo's continuations too, sampled in the credit phase
+    gen_tokens = sum(m.get("generated_tokens", m["response_tokens"] + sum(g["response_tokens"]
+                                                                          for g in m.get("set_aside", [])))
+                     for m in metrics)
+    gen_seconds = sum(m["timings"]["generation"] + m["timings"].get("credit", 0.0) * ("generated_tokens" in m)
+                      for m in metrics)
     timeouts = sum(m["verifier_timeouts"] + m["verifier_crashes"] for m in metrics)
 
     def listed(steps):

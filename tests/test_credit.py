@@ -202,6 +202,19 @@ def test_a_setting_its_method_ignores_is_said_once(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_the_summary_counts_the_tokens_sampled_not_the_leaves_shared_prefixes_again():
+    """A tree step whose 8 leaves hold 56 tokens but whose branches sampled 44 (the generated column): the summary
+    says generation 44 tokens, over the generation and credit phases' 2.2 s (20.0 tokens/s); a step without
+    credit counts its response tokens over its generation seconds."""
+    m = dict(step=1, group_size=8, correct=1, reward_mean=0.125, reward_std=0.35, response_tokens=56, cut_at_limit=0,
+             no_answer=0, verifier_timeouts=0, verifier_crashes=0, policy_loss=-0.5, grad_norm=2.0,
+             update_norm=0.1, skipped=False, seconds=3.0, timings={"generation": 2.0, "credit": 0.2},
+             generated_tokens=44)
+    assert "generation 44 tokens at 20.0 tokens/s" in T.format_summary([m], 3.0)
+    spec = {k: v for k, v in m.items() if k != "generated_tokens"}
+    assert "generation 56 tokens at 28.0 tokens/s" in T.format_summary([spec], 3.0)
+
+
 def test_a_value_yaml_reads_as_base_60_is_quoted_as_written(tmp_path, capsys):
     """YAML 1.1 reads 4:2 as 242: on the command line and in a file, the message quotes '4:2'."""
     config = ["--config", str(ROOT / "config.yaml")]

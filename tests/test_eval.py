@@ -70,6 +70,19 @@ def _prompts():
     return [torch.randint(1, 300, (n,), generator=g) for n in (3, 11, 6, 1, 8)]
 
 
+def test_eval_every_and_eval_samples_without_evaluation_are_said_once(capsys):
+    """eval_problems 0 leaves evaluation off: eval_every and eval_samples changed there do nothing, said once; with
+    evaluation on, or at their defaults, nothing is said."""
+    config = ["--config", str(ROOT / "config.yaml")]
+    T.load_config([*config, "eval_every=5", "eval_samples=4"])
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: eval_every=5 is ignored: it acts only with eval_problems > 0 (evaluation on)",
+        "warning: eval_samples=4 is ignored: it acts only with eval_problems > 0 (evaluation on)"]
+    T.load_config([*config, "eval_every=5", "eval_samples=4", "eval_problems=3"])
+    T.load_config(config)
+    assert capsys.readouterr().err == ""
+
+
 def test_left_padding_masks_and_positions():
     batch, mask, positions = T.left_padded([torch.tensor([5, 6, 7]), torch.tensor([8])], pad_id=0)
     assert batch.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]

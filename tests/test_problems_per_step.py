@@ -255,6 +255,14 @@ def test_the_schedule_spans_the_runs_steps_not_its_problems():
         T.validate_config(T.Config(num_problems=5, problems_per_step=2, warmup_steps=3))
 
 
+def test_an_evaluation_only_run_takes_any_problems_per_step():
+    """num_problems 0 trains nothing, so a yaml's problems_per_step 2 is not refused there (warmup_steps neither);
+    0 still is, in its own words."""
+    T.validate_config(T.Config(num_problems=0, eval_problems=2, problems_per_step=2, warmup_steps=3))
+    with pytest.raises(T.UserError, match=r"^config key 'problems_per_step' must be an integer >= 1, got 0$"):
+        T.validate_config(T.Config(num_problems=0, eval_problems=2, problems_per_step=0))
+
+
 def test_the_memory_check_counts_every_row_of_the_steps_batch(monkeypatch):
     """check_memory's lower bound for the batch: G x P rows of (prompt + max_new_tokens) keys and values plus one
     step's float32 scores. Qwen3-0.6B's shape, a 100-token prompt, 512 new tokens: 8 rows need 0.576 GB."""
