@@ -60,7 +60,8 @@ def read_record(path: Path) -> dict:
     except ValueError as e:  # not JSON (JSONDecodeError), or not text (UnicodeDecodeError)
         fail(f"{path} is not JSON ({e}); {fix}")
     if not isinstance(info, dict):  # an array, say: the record's keys cannot be added to it
-        kind = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}.get(type(info), "a number")
+        kind = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}.get(type(info),
+                                                                                               "a number")
         fail(f"{path} holds {kind}, not a JSON object; {fix}")
     return info
 
