@@ -29,6 +29,12 @@ def test_the_figures_of_a_right_and_wrong_group_and_an_all_wrong_one_on_sum3():
         "problems": 2, "steps": 2, "greedy": 0.5, "sampled": 0.25, "wrong_responses": 3,
         "wrong_first_k_right": [0.6667, 0.0], "zero_variance_groups": 0.5, "all_wrong_groups": 0.5,
         "all_wrong_with_a_right_first_line": 1.0}
+    # the first group both right: each group's rewards are all equal now (2 of 2), not those that vary
+    groups[0][1] = groups[0][0]
+    assert credit_diagnostic.figures(problems, greedy, groups) == {
+        "problems": 2, "steps": 2, "greedy": 0.5, "sampled": 0.5, "wrong_responses": 2,
+        "wrong_first_k_right": [1.0, 0.0], "zero_variance_groups": 1.0, "all_wrong_groups": 0.5,
+        "all_wrong_with_a_right_first_line": 1.0}
 
 
 @pytest.fixture()
