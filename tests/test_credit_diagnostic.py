@@ -20,7 +20,8 @@ def test_the_figures_of_a_right_and_wrong_group_and_an_all_wrong_one_on_sum3():
     47 + 8 + 6: both wrong at the second line (62, 60), their first line right. Greedy right on the first problem
     only: 1/2; sampled 1 of 4 right. Of the 3 wrong responses, 2 have their first line right, none its first two;
     the second group is the one with every reward equal (1 of 2), and the one all wrong (1 of 2), and a response of
-    it has a right first line (1 of 1)."""
+    it has a right first line (1 of 1). With the first group both right instead, both groups have equal rewards:
+    zero-variance 2 of 2, the 2 wrong responses both right on their first line."""
     problems = [{"problem": "23 + 4 + 5", "answer": "32"}, {"problem": "47 + 8 + 6", "answer": "61"}]
     groups = [["23 + 4 = 27\n27 + 5 = 32\n\\boxed{32}.", "23 + 4 = 26\n26 + 5 = 31\n\\boxed{31}."],
               ["47 + 8 = 55\n55 + 6 = 62\n\\boxed{62}.", "47 + 8 = 55\n55 + 6 = 60\n\\boxed{60}."]]
