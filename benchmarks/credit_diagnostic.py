@@ -92,6 +92,12 @@ def sample(model, prompts: list[torch.Tensor], cfg, eos_id: int, seed: int, samp
     return groups, greedy
 
 
+def error(message: str) -> int:
+    """A user's mistake: one line on stderr; main returns the exit status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="runs/smollm2", help="the make_smollm2 folder (model and problem sets)")
@@ -102,18 +108,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/diagnostic")
     args = ap.parse_args(argv)
     model_dir, out = Path(args.model), Path(args.out)
+    # a user's mistake is said here, before the model is loaded and any response sampled (minutes a task)
+    if args.problems < 1:  # a negative N would slice off the last N problems: all but them, silently
+        return error(f"--problems {args.problems}: pass how many dev problems of each task to sample, 1 or more")
+    if args.samples < 1:
+        return error(f"--samples {args.samples}: pass how many responses to sample per problem, 1 or more")
+    blocker = next(p for p in (out, *out.parents) if p.exists())  # the folder is made only after the sampling
+    if not blocker.is_dir():
+        return error(f"--out {out}: {blocker} is a file; pass a folder to write diagnostic.json into")
     for task in args.tasks:
         dev = model_dir / f"{TASKS[task][1]}dev.json"
         if not dev.is_file():
-            print(f"error: {dev} is missing; run python examples/make_smollm2.py {model_dir} --problems-only "
-                  f"--task {task} (and the model first: examples/smollm2.yaml says how)", file=sys.stderr)
-            return 2
+            return error(f"{dev} is missing; run python examples/make_smollm2.py {model_dir} --problems-only "
+                         f"--task {task} (and the model first: examples/smollm2.yaml says how)")
+    if not (model_dir / "config.json").is_file():  # problems written with --problems-only, the model not
+        return error(f"{model_dir} holds the problems but no model (no config.json); run python "
+                     f"examples/make_smollm2.py {model_dir} (without --problems-only) to write the model beside them")
     torch.manual_seed(0)
     results = {}
     for task in args.tasks:
         config, prefix = TASKS[task]
         cfg = T.load_config(["--config", str(ROOT / config), f"model={model_dir}"])
-        model, tokenizer, eos_id = T.load_model_and_tokenizer(cfg, torch.device("cpu"), "fp32")
+        # damaged or foreign model files: the trainer's one line; every task loads the same folder, so it is the
+        # first task's load that fails, before any sampling
+        try:
+            model, tokenizer, eos_id = T.load_model_and_tokenizer(cfg, torch.device("cpu"), "fp32")
+        except T.UserError as e:
+            return error(str(e))
         records = json.loads((model_dir / f"{prefix}dev.json").read_text())[:args.problems]
         problems = T.check_problems([dict(r, index=i) for i, r in enumerate(records)], cfg, tokenizer,
                                     model.config.max_position_embeddings)

@@ -374,10 +374,36 @@ def fail(message: str):
     sys.exit(2)
 
 
+RECORD_KEYS = frozenset({"task", "on", "method", "seed", "greedy", "paired", "steps", "nonzero_gradient_steps",
+                         "generated_tokens", "points_per_million_tokens", "step_seconds"})  # what the tables read
+
+
+def read_results(saved: Path) -> list[dict]:
+    """--out's results.json, checked before it is used: a damaged one (cut short, edited) is one line and exit 2,
+    not a traceback from the tables, nor, where runs are added, from rewriting it after a run's minutes."""
+    fix = ("restore it from a copy (benchmarks/credit_methods.json holds the committed grid's) or pass --out the "
+           "folder a run of this script wrote")
+    try:
+        results = json.loads(saved.read_text())
+    except ValueError as e:  # not JSON (JSONDecodeError), or not text (UnicodeDecodeError)
+        fail(f"{saved} is not JSON ({e}); {fix}")
+    if not isinstance(results, list):
+        fail(f"{saved} holds no list of runs; {fix}")
+    for i, r in enumerate(results):
+        missing = sorted(RECORD_KEYS - r.keys() if isinstance(r, dict) else RECORD_KEYS)
+        if missing:
+            fail(f"{saved}: its entry {i} is not a run's record (no {', '.join(missing)}); {fix}")
+    return results
+
+
 def check_inputs(args, model: Path, out: Path) -> None:
     """What each mode reads, there before it starts: --summary and --add-sampled --out's results.json, --pictures,
-    --siblings and --masks --out's run folders and the model's tokenizer; training each task's training set,
-    --add-sampled its --on set (the model folder's problem files, examples/make_smollm2.py's)."""
+    --siblings, --masks and --errors --out's run folders and the model's tokenizer; training each task's training
+    set, --add-sampled its --on set (the model folder's problem files, examples/make_smollm2.py's). --out is a
+    folder, or can be made one."""
+    blocker = next(p for p in (out, *out.parents) if p.exists())
+    if not blocker.is_dir():
+        fail(f"--out {out}: {blocker} is a file; pass --out a folder (runs/credit by default)")
     if (args.summary or args.add_sampled) and not (out / "results.json").is_file():
         fail(f"{out} holds no results.json (no finished run of this script there); pass --out the folder a run of "
              "this script wrote (runs/credit by default)")
@@ -387,13 +413,19 @@ def check_inputs(args, model: Path, out: Path) -> None:
     if reads_runs and not model.is_dir():
         fail(f"{model} does not exist; pass --model the model folder the runs trained (runs/smollm2 by default, "
              f"written by python examples/make_smollm2.py {args.model})")
+    # each of these modes reads the responses back with the model's tokenizer (a fast one: tokenizer.json; a slow
+    # one's files come with tokenizer_config.json), a folder of problems alone (--problems-only) has none
+    if reads_runs and not any((model / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        fail(f"{model} holds no tokenizer (no tokenizer.json or tokenizer_config.json); pass --model the model folder "
+             f"the runs trained (runs/smollm2 by default, written by python examples/make_smollm2.py {args.model})")
     if args.summary or reads_runs:
         return
     split = args.on if args.add_sampled else "train"
-    missing = [name for name in (TASKS[t][1] + split + ".json" for t in args.tasks) if not (model / name).is_file()]
-    if missing:
-        fail(f"{model} has no {missing[0]}; run python examples/make_smollm2.py {args.model} (--problems-only "
-             "--task sum3 for the sum3 task)")
+    names = {t: TASKS[t][1] + split + ".json" for t in args.tasks}
+    missing = [t for t in args.tasks if not (model / names[t]).is_file()]
+    if missing:  # the addition sets come with the model; a sum task's are written on their own, named by --task
+        how = "" if missing[0] == "addition" else f" (--problems-only --task {missing[0]} for the {missing[0]} task)"
+        fail(f"{model} has no {names[missing[0]]}; run python examples/make_smollm2.py {args.model}{how}")
 
 
 def main() -> int:
@@ -425,7 +457,7 @@ def main() -> int:
     model, out = Path(args.model).resolve(), Path(args.out).resolve()
     check_inputs(args, model, out)
     if args.summary:
-        results = json.loads((out / "results.json").read_text())
+        results = read_results(out / "results.json")
         print(table(sorted(results, key=run_order)))
         print()
         print(summary(results, out))
@@ -434,7 +466,7 @@ def main() -> int:
         return 0
     if args.add_sampled:
         saved = out / "results.json"
-        results = json.loads(saved.read_text())
+        results = read_results(saved)
         for r in sorted(results, key=run_order):
             if "sampled" in r or r["task"] not in args.tasks or r["method"] not in args.methods or \
                     r["seed"] not in args.seeds or r["on"] != args.on:
@@ -478,7 +510,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     # results.json gathers every invocation's runs into one table: a run done again replaces its earlier record
     saved = out / "results.json"
-    results = json.loads(saved.read_text()) if saved.is_file() else []
+    results = read_results(saved) if saved.is_file() else []
     for task in args.tasks:
         for seed in args.seeds:
             for method in args.methods:

@@ -57,9 +57,23 @@ def main(argv=None) -> int:
         print(f"error: --model {model}: no SmolLM2 folder there; run python examples/make_smollm2.py {model} first",
               file=sys.stderr)
         return 2
+    # said before the first run, not after every run is done (minutes each)
+    sizes = [x.strip() for x in args.sizes.split(",")]
+    if not all(x.isdecimal() and int(x) > 0 for x in sizes):
+        print(f"error: --sizes {args.sizes}: pass the P values as whole numbers of 1 or more, separated by commas "
+              "(1,2,4,8)", file=sys.stderr)
+        return 2
+    if args.json and not Path(args.json).parent.is_dir():
+        print(f"error: --json {args.json}: no folder {Path(args.json).parent} to write it in; create the folder "
+              "first, or pass a path in an existing one", file=sys.stderr)
+        return 2
+    if args.json and Path(args.json).is_dir():
+        print(f"error: --json {args.json} is a folder; pass the path of a file to write the results to",
+              file=sys.stderr)
+        return 2
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for p in (int(x) for x in args.sizes.split(",")):
+        for p in map(int, sizes):
             results.append(run(model, p, args.problems, Path(tmp) / f"p{p}"))
             r = results[-1]
             later = r["after_first_step"] or r["all"]

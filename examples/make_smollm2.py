@@ -51,6 +51,21 @@ def fail(message: str):
     sys.exit(2)
 
 
+def read_record(path: Path) -> dict:
+    """An earlier conversion's smollm2.json, which --problems-only adds to: a damaged one is said before any
+    problem file is written, not as a traceback."""
+    fix = "repair it, or delete it (it records the model's conversion and the problem sets) and run again"
+    try:
+        info = json.loads(path.read_text())
+    except ValueError as e:  # not JSON (JSONDecodeError), or not text (UnicodeDecodeError)
+        fail(f"{path} is not JSON ({e}); {fix}")
+    if not isinstance(info, dict):  # an array, say: the record's keys cannot be added to it
+        kind = {list: "an array", str: "a string", bool: "true or false", type(None): "null"}.get(type(info),
+                                                                                               "a number")
+        fail(f"{path} holds {kind}, not a JSON object; {fix}")
+    return info
+
+
 def find_gguf(path: str | None) -> Path:
     if path:
         gguf = Path(path)
@@ -128,6 +143,13 @@ def problems(seed: int, sizes: dict[str, int]) -> dict[str, list[dict]]:
     return sets
 
 
+def carries_from_the_ones(terms: list[int]) -> str:
+    """A chain's kind, as its records' subject says it: how many of its lines carry from the ones, each line adding
+    the next number to the sum so far (23 + 4 + 5 + 8: 27 no, 32 yes, 40 yes: "2 carries from the ones")."""
+    carries = sum(sum(terms[:k]) % 10 + terms[k] >= 10 for k in range(1, len(terms)))
+    return f"{carries} carr{'y' if carries == 1 else 'ies'} from the ones"
+
+
 def chain_problems(numbers: int):
     """The sets' maker of a sum of `numbers` numbers, a + b + c (+ d + e): a of 2 digits, the rest of one (2-9),
     written by examples/smollm2_sum{numbers}.yaml's few-shot prompt as one addition a line, each line starting
@@ -147,8 +169,7 @@ def chain_problems(numbers: int):
                 if key in used:
                     continue
                 used.add(key)
-                carries = sum(sum(terms[:k]) % 10 + terms[k] >= 10 for k in range(1, numbers))
-                kind = f"{carries} carr{'y' if carries == 1 else 'ies'} from the ones"
+                kind = carries_from_the_ones(terms)
                 text = " + ".join(map(str, terms))
                 records.append({"problem": text, "answer": str(sum(terms)), "level": f"{WORDS[numbers]}-number sum",
                                 "subject": kind, "type": kind,
@@ -187,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.task in ("sum4", "sum5") and (min(sizes.values()) < 0 or sum(sizes.values()) > 10_000):
         fail("the problem counts must be >= 0 and together at most 10,000")
     old = out / "smollm2.json"  # --problems-only keeps what an earlier conversion recorded
-    info: dict = json.loads(old.read_text()) if args.problems_only and old.is_file() else {}
+    info: dict = read_record(old) if args.problems_only and old.is_file() else {}
     if args.task == "addition":
         info.update(seed=args.seed, problems=sizes)
     else:  # beside the addition sets' record

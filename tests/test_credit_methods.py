@@ -61,6 +61,108 @@ def test_a_missing_model_folder_is_exit_2_and_the_summary_needs_none(tmp_path, m
                        "+5,655 | 1168 s |")
 
 
+@pytest.mark.parametrize("mode", [[], ["--summary"], ["--add-sampled"], ["--pictures"], ["--errors"]])
+@pytest.mark.parametrize("where", ["taken", "taken/credit"])
+def test_an_out_that_is_or_lies_in_a_file_is_one_line_and_exit_2_in_every_mode(mode, where, tmp_path, monkeypatch,
+                                                                              capsys):
+    """--out naming a file (or a folder inside one): said before any run, not as mkdir's FileExistsError (or
+    NotADirectoryError), and not as "does not exist"/"holds no results.json" in the modes that read --out."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "sum3-train.json").write_text("[]")
+    (tmp_path / "taken").write_text("an earlier table")
+    monkeypatch.setattr(credit_methods, "one_run", lambda *a: pytest.fail("a run before the check"))
+    with pytest.raises(SystemExit) as e:
+        _main(monkeypatch, "--model", str(model), "--out", str(tmp_path / where), *mode)
+    assert e.value.code == 2
+    assert one_line_error(capsys) == (f"error: --out {tmp_path / where}: {tmp_path / 'taken'} is a file; pass --out a "
+                                      "folder (runs/credit by default)")
+    assert (tmp_path / "taken").read_text() == "an earlier table"
+
+
+@pytest.mark.parametrize("mode", ["--pictures", "--errors", "--siblings", "--masks"])
+def test_the_modes_that_read_runs_need_the_models_tokenizer(mode, tmp_path, monkeypatch, capsys):
+    """A model folder of problems alone (make_smollm2.py --problems-only) has no tokenizer: one line and exit 2,
+    not transformers' traceback; with the tokenizer's files there, the mode runs (no run folder: nothing said)."""
+    from tiny_models import build_tiny_tokenizer
+
+    model, out = tmp_path / "model", tmp_path / "credit"
+    model.mkdir()
+    out.mkdir()
+    (model / "sum3-train.json").write_text("[]")
+    with pytest.raises(SystemExit) as e:
+        _main(monkeypatch, "--model", str(model), "--out", str(out), mode)
+    assert e.value.code == 2
+    assert one_line_error(capsys) == (f"error: {model} holds no tokenizer (no tokenizer.json or tokenizer_config.json);"
+                                      " pass --model the model folder the runs trained (runs/smollm2 by default, "
+                                      f"written by python examples/make_smollm2.py {model})")
+    build_tiny_tokenizer(model)
+    assert _main(monkeypatch, "--model", str(model), "--out", str(out), mode) == 0
+    assert capsys.readouterr().out == ""
+
+
+FIX = ("restore it from a copy (benchmarks/credit_methods.json holds the committed grid's) or pass --out the folder a "
+       "run of this script wrote")
+
+
+@pytest.mark.parametrize("text, why", [
+    ('[{"task": ', " is not JSON (Expecting value: line 1 column 11 (char 10))"),
+    ('{"runs": []}', " holds no list of runs"),
+    ("[1]", ": its entry 0 is not a run's record (no generated_tokens, greedy, method, nonzero_gradient_steps, on, "
+            "paired, points_per_million_tokens, seed, step_seconds, steps, task)"),
+    ("drop greedy", ": its entry 1 is not a run's record (no greedy)"),
+])
+def test_a_damaged_results_json_is_one_line_and_exit_2(text, why, tmp_path, monkeypatch, capsys):
+    """--summary on a results.json cut short, holding an object, a number, or a run without its greedy figures (the
+    grid's first two, the second's dropped): one line naming what is wrong, not a traceback from the tables."""
+    out = tmp_path / "credit"
+    out.mkdir()
+    if text == "drop greedy":
+        grid = json.loads((ROOT / "benchmarks" / "credit_methods.json").read_text())[:2]
+        del grid[1]["greedy"]
+        text = json.dumps(grid)
+    (out / "results.json").write_text(text)
+    with pytest.raises(SystemExit) as e:
+        _main(monkeypatch, "--out", str(out), "--summary")
+    assert e.value.code == 2
+    assert one_line_error(capsys) == f"error: {out / 'results.json'}{why}; {FIX}"
+
+
+@pytest.mark.parametrize("mode", [[], ["--add-sampled"]])
+def test_a_damaged_results_json_is_said_before_any_run_is_added_to_it(mode, tmp_path, monkeypatch, capsys):
+    """Training (and --add-sampled) read results.json to add their runs to it: a damaged one is said before the
+    first run, not when the record is rewritten after the run's minutes (and the run's figures lost)."""
+    model, out = tmp_path / "model", tmp_path / "credit"
+    model.mkdir()
+    out.mkdir()
+    (model / "sum3-train.json").write_text("[]")
+    (model / "sum3-dev.json").write_text("[]")
+    (out / "results.json").write_text('{"runs": []}')
+    monkeypatch.setattr(credit_methods, "one_run", lambda *a: pytest.fail("a run before the check"))
+    monkeypatch.setattr(credit_methods, "sampled_pass1", lambda *a: pytest.fail("a run before the check"))
+    with pytest.raises(SystemExit) as e:
+        _main(monkeypatch, "--model", str(model), "--out", str(out), *mode)
+    assert e.value.code == 2
+    assert one_line_error(capsys) == f"error: {out / 'results.json'} holds no list of runs; {FIX}"
+
+
+@pytest.mark.parametrize("task, hint", [
+    ("sum4", " (--problems-only --task sum4 for the sum4 task)"),
+    ("sum5", " (--problems-only --task sum5 for the sum5 task)"),
+    ("addition", ""),  # its sets come with the model: make_smollm2.py without --problems-only
+])
+def test_a_missing_training_set_names_the_task_that_lacks_it(task, hint, tmp_path, monkeypatch, capsys):
+    """The folder holds sum3's sets only; --tasks sum3 TASK: the hint names TASK's make_smollm2 command, not sum3's."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "sum3-train.json").write_text("[]")
+    name = credit_methods.TASKS[task][1] + "train.json"
+    with pytest.raises(SystemExit) as e:
+        _main(monkeypatch, "--model", str(model), "--out", str(tmp_path / "credit"), "--tasks", "sum3", task)
+    assert e.value.code == 2
+    assert one_line_error(capsys) == f"error: {model} has no {name}; run python examples/make_smollm2.py {model}{hint}"
+
+
 def test_the_sum4_heldout_table_in_the_docs_is_the_committed_record():
     """docs/variants.md's held-out rows of the spec's credit on sum4 are benchmarks/credit47_heldout.json's runs:
     seed, greedy before -> after, change, steps with a gradient, generated tokens and step seconds."""
@@ -93,6 +195,33 @@ def test_paired_differences_against_sequence_per_seed_with_a_sign_test():
     rows = credit_methods.paired_differences(results).splitlines()
     assert rows[2:] == ["| sum4 | heldout | tree tree_branching=4,2 | 0, 1, 2, 3, 4, 5 | +3.0, +3.0, -2.5, +4.0, +0.0, +3.5 "
                         "| +1.8 (2.5) | 4 / 1 | 0.38 |"]
+
+
+def test_the_summary_counts_problems_won_and_lost_and_the_sample_sd_of_the_changes(tmp_path):
+    """4 problems, 1 right before (25 %). `sequence` ends right on {0, 1} at seeds 0 and 1 (+25 points each); the
+    tree on {0, 1, 2} at seed 0 (+50: won problem 2, lost none: "1/0", McNemar p 1) and on {0, 3} at seed 1 (+25:
+    won 3, lost 1: "1/1", p 1). The tree's change over the seeds: mean +37.5, sd 17.7 (the sample sd of +50 and
+    +25; the population sd would be 12.5). Won/lost come from each run's eval.jsonl after the last step (its
+    before records, problem 0 right alone, are not read)."""
+    right = {("sequence", 0): {0, 1}, ("sequence", 1): {0, 1}, ("tree", 0): {0, 1, 2}, ("tree", 1): {0, 3}}
+    results = []
+    for (method, seed), after in right.items():
+        folder = credit_methods.run_folder(tmp_path, "sum3", method, seed)
+        folder.mkdir()
+        evals = [{"phase": phase, "problem_index": i, "reward": float(i in ok)}
+                 for phase, ok in (("before", {0}), ("after", after)) for i in range(4)]
+        (folder / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+        results.append({"task": "sum3", "on": "heldout", "method": method, "settings": [], "seed": seed,
+                        "greedy": {"before": {"correct": 1, "n": 4, "accuracy": 0.25},
+                                   "after": {"correct": len(after), "n": 4, "accuracy": len(after) / 4}},
+                        "paired": {"mcnemar_p": 1.0}, "steps": 50, "nonzero_gradient_steps": 10 + seed,
+                        "generated_tokens": 1000 * (seed + 1), "points_per_million_tokens": 100.0 * (seed + 1),
+                        "step_seconds": 60.0 + seed})
+    rows = credit_methods.summary(results, tmp_path).splitlines()[2:]
+    assert rows == ["| sum3 | sequence | 2 | 2, 2/4 (from 1) | +25.0 (0.0) | - | - | 10.5/50 | 1,500 | +150 | "
+                    "60 / 61 s |",
+                    "| sum3 | tree | 2 | 3, 2/4 (from 1) | +37.5 (17.7) | 1/0 (1); 1/1 (1) | - | 10.5/50 | 1,500 | "
+                    "+150 | 60 / 61 s |"]
 
 
 @pytest.mark.parametrize("method, heading, seeds, settings, readme", [

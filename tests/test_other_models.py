@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import train_rlvr as T
 from conftest import ROOT
-from run_helpers import first_rollout_wins, main_args, table_rows
+from run_helpers import first_rollout_wins, main_args, one_line_error, table_rows
 from tiny_models import CORPUS, same_everywhere
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
@@ -188,8 +188,40 @@ def test_the_sum_sets_hold_a_problem_once_whichever_order_its_one_digit_numbers_
             a, *rest = map(int, r["problem"].split(" + "))
             assert len(rest) == int(task[-1]) - 1 and 10 <= a <= 99 and all(2 <= x <= 9 for x in rest)
             assert r["answer"] == str(a + sum(rest))
+            assert r["subject"] == r["type"] == make_smollm2.carries_from_the_ones([a, *rest])
             where.setdefault((a, *sorted(rest)), []).append(split)
     assert len(where) == 900 and all(len(s) == 1 for s in where.values())
+
+
+def test_a_chains_kind_counts_the_carries_of_every_line_the_last_included():
+    """23 + 4 + 5 + 8 is written 23 + 4 = 27 (no carry), 27 + 5 = 32 (a carry), 32 + 8 = 40 (a carry: 2 + 8 is 10):
+    2 carries, the last number's among them; 23 + 4 + 5 has the one; 21 + 2 + 3 none."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import make_smollm2
+
+    assert make_smollm2.carries_from_the_ones([23, 4, 5, 8]) == "2 carries from the ones"
+    assert make_smollm2.carries_from_the_ones([23, 4, 5]) == "1 carry from the ones"
+    assert make_smollm2.carries_from_the_ones([21, 2, 3]) == "0 carries from the ones"
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"model": {"parameters": 1}', "is not JSON (Expecting ',' delimiter: line 1 column 28 (char 27))"),
+    ('[{"seed": 0}]', "holds an array, not a JSON object"),
+])
+def test_make_smollm2_problems_only_refuses_a_damaged_record_before_writing_a_problem(text, why, tmp_path, capsys):
+    """--problems-only adds to the folder's smollm2.json: one cut short (not JSON), or one holding an array where
+    the record's object belongs, is one line and exit 2, and no problem file is written."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import make_smollm2
+
+    record = tmp_path / "smollm2.json"
+    record.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        make_smollm2.main([str(tmp_path), "--problems-only", "--task", "sum4"])
+    assert exc.value.code == 2
+    assert one_line_error(capsys) == (f"error: {record} {why}; repair it, or delete it (it records the model's "
+                                      "conversion and the problem sets) and run again")
+    assert [p.name for p in tmp_path.iterdir()] == ["smollm2.json"] and record.read_text() == text
 
 
 def _smollm2_sets(folder):

@@ -1,0 +1,54 @@
+"""benchmarks/step_seconds.py's checks of its arguments (no run): a mistake is one line on stderr and exit status 2,
+said before the first training run, not after every run is done."""
+
+import json
+import sys
+
+import pytest
+
+from conftest import ROOT
+from run_helpers import one_line_error
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import step_seconds  # noqa: E402
+
+
+@pytest.fixture()
+def model(tmp_path):
+    """What --model's check looks for: a model's config and the training problems (no run reads them here)."""
+    folder = tmp_path / "smollm2"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "train.json").write_text("[]")
+    return folder
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sizes", "x"], "--sizes x: pass the P values as whole numbers of 1 or more, separated by commas (1,2,4,8)"),
+    (["--sizes", "1,0"], "--sizes 1,0: pass the P values as whole numbers of 1 or more, separated by commas (1,2,4,8)"),
+    (["--json", "{tmp}/nodir/x.json"], "--json {tmp}/nodir/x.json: no folder {tmp}/nodir to write it in; create the "
+                                       "folder first, or pass a path in an existing one"),
+    (["--json", "{tmp}"], "--json {tmp} is a folder; pass the path of a file to write the results to"),
+])
+def test_a_mistake_is_one_line_and_exit_2_before_any_run(argv, message, model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(step_seconds, "run", lambda *a: pytest.fail("a training run before the check"))
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert step_seconds.main(["--model", str(model), *argv]) == 2
+    assert one_line_error(capsys) == "error: " + message.format(tmp=tmp_path)
+
+
+def test_sizes_with_spaces_run_each_p_and_the_json_is_written(model, tmp_path, monkeypatch, capsys):
+    """--sizes "1, 2": P = 1 then 2, each its own run; --json in an existing folder holds both results."""
+    ran = []
+
+    def fake_run(model_dir, p, problems, out):
+        ran.append((p, problems))
+        return {"P": p, "all": {"steps": 16 // p, "seconds_per_problem": 2.0 / p, "generation_tokens_per_s": 50.0},
+                "after_first_step": None, "correct": p}
+    monkeypatch.setattr(step_seconds, "run", fake_run)
+    assert step_seconds.main(["--model", str(model), "--sizes", "1, 2", "--json", str(tmp_path / "r.json")]) == 0
+    assert ran == [(1, 16), (2, 16)]
+    assert [r["P"] for r in json.loads((tmp_path / "r.json").read_text())["results"]] == [1, 2]
+    assert capsys.readouterr().out.splitlines()[1] == ("P = 2: 8 steps, 1.00 s per problem (1.00 after the first "
+                                                       "step), generation 50.0 tokens/s, 2 correct")
