@@ -10,11 +10,13 @@ With eval_problems > 0 it also evaluates the model on MATH-500 (greedy by defaul
 and after the last step, and prints a before/after table; num_problems=0 evaluates a model only.
 
 Read top to bottom: the settings, the data and prompt, then the spec's moves in the order a step runs them
-(rollouts, rewards, advantages and the credit methods' formulas, log-probabilities and loss, optimizer step),
-then the step and the loop (train_step, run): the spec's path, in its first 1,300 lines. After run, the
-machinery they call by name: the run's start, config reading and validation, data readers, the model,
-decoders, the tree's sampling, the reward function, the optimizer step's undo, logging and trackers,
-evaluation, checkpoints and the output folder, faults and signals, processes (torchrun), main.
+(rollouts, rewards, advantages, log-probabilities and loss, optimizer step), then the step and the loop
+(train_step, run): the spec's path, in its first 950 lines. The credit methods' formulas live in credit.py
+(assign_credit is its one door; with the spec's credit nothing there is called), the verifier in verifier.py.
+After run, the machinery they call by name: the run's start, config reading and validation, data readers, the
+model, the sampler's machinery, decoders, the credit methods' sampling, the tree's sampling, the reward function,
+the optimizer step's update norm and undo, the step's record, logging and trackers, evaluation, checkpoints and
+the output folder, faults and signals, processes (torchrun), main.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from collections import Counter
 from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlparse
 
 import torch
@@ -55,6 +58,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+import credit
 import verifier
 
 
@@ -264,49 +268,6 @@ def sampling_pick(streams: list[torch.Generator], temperature: float, top_p: flo
     return pick
 
 
-def greedy_pick(logits: torch.Tensor, rows=None) -> torch.Tensor:
-    """Greedy decoding: the argmax of the float32 logits, no warper (the first of tied maxima)."""
-    return logits.float().argmax(dim=-1)
-
-
-UNIFORM_BLOCK = 64  # uniforms drawn per stream at a time
-
-
-class Uniforms:
-    """The sampler's float64 uniforms: each call gives every row named in `rows` (default: all) the
-    next number of its own stream (streams[i]), as a (rows, 1) tensor. Drawn UNIFORM_BLOCK at a time
-    (one launch per 64 tokens); on the CPU a block is exactly the next 64 single draws (mt19937,
-    tested); on CUDA (Philox) other numbers, still row i's t-th depending on (seed, step, rollout, t)
-    alone. A stream set back since its block (the eager retry of a failed compiled decode) draws anew."""
-
-    def __init__(self, streams: list[torch.Generator], device):
-        self.streams = list(streams)
-        self.block = torch.empty(len(self.streams), UNIFORM_BLOCK, dtype=torch.float64, device=device)
-        self.used = [UNIFORM_BLOCK] * len(self.streams)  # how many of each stream's block were handed out
-        self.marks = [None] * len(self.streams)  # each stream's state just after its block was drawn
-        self.subset = (None, None)  # the last rows named and their index tensor (new only when rows leave)
-
-    def __call__(self, rows=None) -> torch.Tensor:
-        every = list(range(len(self.streams)))
-        rows = every if rows is None else list(rows)
-        stale = [i for i in rows if self.used[i] == UNIFORM_BLOCK
-                 or not torch.equal(self.streams[i].get_state(), self.marks[i])]
-        if stale:
-            self.block = self.block.clone()  # the views handed out earlier keep their numbers
-            for i in stale:
-                self.block[i].uniform_(generator=self.streams[i])
-                self.used[i], self.marks[i] = 0, self.streams[i].get_state()
-        cols = [self.used[i] for i in rows]
-        for i in rows:
-            self.used[i] += 1
-        if rows == every and min(cols) == max(cols):  # every row at the same place: always so in decode
-            return self.block[:, cols[0], None]  # a view: no copy
-        if self.subset[0] != rows:
-            self.subset = rows, torch.tensor(rows, device=self.block.device)
-        at = cols[0] if min(cols) == max(cols) else torch.tensor(cols, device=self.block.device)
-        return self.block[self.subset[1], at].unsqueeze(-1)
-
-
 def sample_next_token(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor) -> torch.Tensor:
     """One token per row, drawn from the nucleus only: an inverse CDF over the kept tokens in
     token-id order with one float64 uniform per row (`u`, shape rows x 1), so the draw depends on
@@ -336,52 +297,22 @@ def nucleus_weights(logits: torch.Tensor, temperature: float, top_p: float) -> t
     return (scores - top).exp_().masked_fill_(~kept, 0.0)
 
 
-def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The kept set of top_p_reference, bit for bit (on CUDA it is top_p_reference: no sync). On the CPU
-    no ids are sorted: the removed tokens are the r lowest VALUES, so the kept set is every score >= the
-    r-th lowest; rows where that value ties a removed token, or with NaN, go to top_p_reference."""
-    if top_p >= 1.0:  # transformers adds no top-p warper at 1.0: every token with a finite score
-        return torch.isfinite(scores) | (scores == scores.max(dim=-1, keepdim=True).values)
-    if not sampler_on_host(scores.device):
-        return top_p_reference(scores, top_p)
-    values = sorted_values(scores).to(scores.device)
-    cumulative = values.softmax(dim=-1).cumsum(dim=-1)
-    n_removed = (cumulative <= (1 - top_p)).sum(dim=-1, keepdim=True).clamp(max=scores.shape[-1] - 1)
-    threshold = values.gather(-1, n_removed)
-    split_tie = (n_removed > 0) & (values.gather(-1, (n_removed - 1).clamp(min=0)) == threshold)
-    mask = scores >= threshold
-    bad = (split_tie | values[..., -1:].isnan()).squeeze(-1)
-    if bool(bad.any()):
-        rows = bad.nonzero().squeeze(-1)
-        mask[rows] = top_p_reference(scores[rows], top_p)
-    return mask
-
-
-def sorted_values(scores: torch.Tensor) -> torch.Tensor:
-    """Each row's values in ascending order: what torch.sort(scores).values holds (tied tokens have
-    equal values, so their order cannot show). On CPU, numpy's vectorized sort of the values alone
-    takes ~4 ms for 8 x 151,936 scores, torch.sort (which also builds the permutation) ~100 ms."""
-    if scores.device.type == "cpu":
-        import numpy as np
-        return torch.from_numpy(np.sort(scores.detach().contiguous().numpy(), axis=-1))
-    return torch.sort(scores, dim=-1).values
-
-
-def sampler_on_host(device) -> bool:
-    """Whether the sampler runs on the CPU, where numpy can sort and a branch on a tensor's value
-    costs nothing. On CUDA such a branch stops the host until the GPU catches up (a sync), so the
-    CUDA path takes none (the tests run it on CPU tensors by making this False)."""
-    return torch.device(device).type == "cpu"
-
-
 # ----------------------------------------------------------------------------------------------
 # Rewards
+
+class Score(NamedTuple):
+    """One rollout's verdict (score_rollouts)."""
+    reward: float          # the verifier's 1 or 0 (with a reward_function: its reward_weights' mix)
+    answer: str | None     # the final answer the verifier read (None: no \boxed{} answer)
+    status: str            # correct, wrong, no_answer, or timeout / crash (a call that gave no result)
+    error: str | None = None  # timeout or crash: why, in one line
+
 
 @dataclass
 class Group:
     """The whole group's rollouts, in rollout order (gathered from every rank)."""
     texts: list[str]
-    scored: list[tuple]  # (reward, extracted answer, status[, why it failed]) per rollout
+    scored: list[Score]  # per rollout
     tokens: list[int]
     cut: list[bool]
     rewards: torch.Tensor
@@ -402,7 +333,7 @@ def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], probl
     mine = (texts, scored, [len(r) for r in responses], cut, entropies or [None] * len(responses))
     group = [x for share in gather_objects(mine) for x in zip(*share)]
     texts, scored, tokens, cut, entropies = map(list, zip(*group))
-    values = [s[0] + format_bonus(s[2], c, t.cfg.format_reward) for s, c in zip(scored, cut)]
+    values = [s.reward + format_bonus(s.status, c, t.cfg.format_reward) for s, c in zip(scored, cut)]
     rewards = torch.tensor(values, dtype=torch.float32)
     check_rewards(step, values, rewards, scored, t)
     progress(f"[step {step}] rewards {rewards.tolist()}; backward")
@@ -420,20 +351,20 @@ def equal_rewards(rewards: torch.Tensor) -> bool:
 
 
 def score_rollouts(scorer: verifier.TimedVerifier, texts: list[str], gold: str, record: dict | None = None,
-                   weights: tuple[float, float] = (0.0, 1.0)) -> list[tuple]:
-    """(reward, extracted answer, status) per rollout. The verifier runs in a worker process with a
-    hard wall-clock limit: an overrun or a crash scores 0 with status 'timeout' or 'crash', and a fourth
-    item, why (one line). With a reward_function (a record given), the same worker calls it within the
-    same limit, and the reward is v * the verifier's + f * the function's (weights: reward_weights; by
-    default the function's alone); its hang or failure scores 0 too. The status stays the verifier's."""
+                   weights: tuple[float, float] = (0.0, 1.0)) -> list[Score]:
+    """A Score per rollout. The verifier runs in a worker process with a hard wall-clock limit: an overrun or a
+    crash scores 0 with status 'timeout' or 'crash', and why (one line). With a reward_function (a record given),
+    the same worker calls it within the same limit and returns its value too, and the reward is v * the
+    verifier's + f * the function's (weights: reward_weights; by default the function's alone); its hang or
+    failure scores 0 too. The status stays the verifier's."""
     scored = []
     for text in texts:
         check_stop(local=True)  # between two calls: a signal waits for one call at most, not the group's
-        s = scorer.score(text, gold, record)
-        if s[2] in FAILED:
-            s = (*s[:3], getattr(scorer, "last_error", None) or s[2])
-        scored.append((weights[0] * s[0] + weights[1] * s[3], s[1], s[2]) if len(s) == 4 and s[2] not in FAILED
-                      else s)
+        reward, answer, status, *function = scorer.score(text, gold, record)  # function: reward_function's value
+        if status in FAILED:
+            scored.append(Score(reward, answer, status, getattr(scorer, "last_error", None) or status))
+        else:
+            scored.append(Score(weights[0] * reward + weights[1] * function[0] if function else reward, answer, status))
     return scored
 
 
@@ -469,205 +400,19 @@ def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str
     return (rewards - rewards.mean()) / (rewards.std(unbiased=True) + std_eps)
 
 
-# Credit: which tokens earn the advantage (the spec's last paragraph). The spec gives every token of response i
-# the same A_i. credit=monte_carlo and credit=tree give each segment of a response its change of value, V(end of
-# segment) - V(start), a value being a mean reward: V at the response's start the group's mean, at its end its
-# own reward, in between the mean reward of credit_samples continuations sampled from that cut (monte_carlo) or
-# of the tree's leaves under that node (tree). credit_scale turns the changes into advantages (scale_changes):
-#   raw     A_it = dV                                    SPO-tree's (arXiv 2505.23564), credit=tree's default (auto)
-#   whiten  A_it = (dV - mean) / (std + std_eps)         over the group's trained tokens: VinePPO's (2410.01679),
-#                                                        credit=monte_carlo's default (auto)
-#   group   A_it = dV / (std(r) + std_eps)               the spec's scale: a response's changes add up to its A_i
-#                                                        (the values telescope); a zero-variance group gets 0
-# monte_carlo samples continuations in every group, a zero-variance one too (but with group, whose scale is 0
-# there): an all-wrong group in which a response's first line was right has V > 0 after that line, which credits
-# the line and debits the one that went wrong after it, so its gradient is not 0 (credit=sequence keeps the spec's
-# exactly-zero one). tree: identical sibling nodes (the same tokens under one parent) are one node, whose value is
-# over all the leaves under it (no pair of opposite advantages on the same tokens); tree_weighting=leaf trains
-# every leaf's whole path with its changes, so a node's tokens weigh (its leaves) / G: the tree's unbiased
-# estimator (depth 1 of 2,2,2: 1/2, depth 2: 1/4, a leaf 1/8); once trains a node's tokens in its first leaf alone
-# (1/G whatever its depth). top_entropy_quantile keeps the policy term on the group's highest-entropy tokens only
-# (TRL's, 2506.01939).
-
-@dataclass
-class Credit:
-    """Every token's advantage (credit other than the spec's, or top_entropy_quantile < 1): what the loss uses for
-    this rank's responses, and for rollouts.jsonl the whole group's segments, values and token advantages."""
-    weights: list[torch.Tensor]           # per response of this rank: A_it times the entropy mask (the loss's)
-    segments: list[list[int]]             # per response of the group: the token where each segment starts
-    values: list[list[float]]             # per response of the group: V at each segment's start, then at its end
-    token_advantages: list[list[float]]   # per response of the group: A_it as the loss uses it, before the mask
-    generated: int                        # tokens sampled for the step: the group's, continuations and branches
-    entropy_mask: list[list[int]] | None  # per response of the group: 1 where the mask keeps the policy term
-    zero: bool = False                    # every A_it of the group is 0: its gradient is exactly 0 (decided here)
-
-
 def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
-                  advantages: torch.Tensor, problem: dict, t: Trainer) -> Credit | None:
-    """The token advantages A_it of this rank's responses (None: the spec's A_i for every token, nothing to do):
-    each segment's change of value (tree_values, continuation_values), scaled by scale_changes."""
+                  advantages: torch.Tensor, problem: dict, t: Trainer) -> credit.Credit | None:
+    """Which tokens earn the advantage (the spec's last paragraph). None: the spec's A_i on every token of response
+    i (credit=sequence, no entropy mask), and nothing in credit.py is called. Otherwise each token's own A_it, from the
+    formulas in credit.py (docs/variants.md, "Credit") and the values the method samples (method_values: the
+    tree's leaves, monte_carlo's continuations), with top_entropy_quantile the sampler's entropies."""
     cfg = t.cfg
     if cfg.credit == "sequence" and cfg.top_entropy_quantile >= 1:
         return None
-    mine, G, trained = rank_share(cfg.group_size), cfg.group_size, None
-    generated = sum(group.tokens)
-    if cfg.credit == "tree":
-        starts, values, trained = tree_values(group.tree, group.rewards.tolist(), cfg.tree_weighting)
-        generated = group.tree.generated
-    elif cfg.credit == "monte_carlo":
-        pieces = [[t.tokenizer.decode([i]) for i in r.tolist()] for r in responses]
-        starts = [segment_starts(p, cfg.credit_segment_tokens) for p in pieces]
-        flat = group.zero_variance and credit_scale(cfg) == "group"  # its scale is 0: nothing to sample for
-        cuts, sampled = ([[] for _ in mine], 0) if flat else continuation_values(
-            step, prompt_ids, responses, starts, group.draw, problem, mine, t)
-        shares = gather_objects((starts, cuts, sampled))
-        starts, cuts = [x for s in shares for x in s[0]], [x for s in shares for x in s[1]]
-        generated += sum(s[2] for s in shares)
-        mean = float(group.rewards.mean())
-        values = [[mean, *(c or [mean] * (len(st) - 1)), float(r)] for st, c, r in zip(starts, cuts, group.rewards)]
-    else:  # the spec's credit, with the entropy mask
-        starts, values = [[0]] * G, [[float(group.rewards.mean()), float(r)] for r in group.rewards]
-    if cfg.credit == "sequence":
-        token_advantages = [advantages[i].expand(group.tokens[i]).clone() for i in range(G)]
-    else:
-        changes = [segment_changes(starts[i], values[i], group.tokens[i]) for i in range(G)]
-        token_advantages = scale_changes(changes, trained, group, cfg)
-    masks = entropy_masks(group, cfg.top_entropy_quantile)
-    weights = [(token_advantages[i] * (1.0 if masks is None else masks[i])).to(t.device) for i in mine]
-    return Credit(weights, starts, values, [a.tolist() for a in token_advantages], generated,
-                  None if masks is None else [m.int().tolist() for m in masks],
-                  zero=not any(bool(a.any()) for a in token_advantages))
-
-
-def segment_starts(pieces: list[str], limit: int) -> list[int]:
-    """The token index where each segment of a response starts (segment_end, from token 0 to its end)."""
-    starts, k = [], 0
-    while k < len(pieces):
-        starts.append(k)
-        k = segment_end(pieces, k, limit)
-    return starts
-
-
-def segment_end(pieces: list[str], start: int, limit: int, whole: bool = True) -> int:
-    """Where a segment that starts at token `start` ends (exclusive), the pieces being the tokens' texts: after
-    at most `limit` tokens, at the last line end or sentence end inside them (after a token holding a newline,
-    or ending in . ! or ? with the next token opening with white space), else after `limit` tokens. whole: the
-    pieces are the whole response, so a segment that reaches their end ends there."""
-    end = min(start + limit, len(pieces))
-    if whole and end == len(pieces):
-        return end
-    for k in range(end, start, -1):  # a cut after token k - 1
-        piece, after = pieces[k - 1], pieces[k] if k < len(pieces) else " "
-        if "\n" in piece or (piece.endswith((".", "!", "?")) and after[:1].isspace()):
-            return k
-    return end
-
-
-def segment_changes(starts: list[int], values: list[float], length: int) -> torch.Tensor:
-    """Each token's change of value: the segment's V(end) - V(start), for every token of the segment."""
-    v = torch.tensor(values, dtype=torch.float32)
-    return torch.repeat_interleave(v[1:] - v[:-1], torch.tensor(starts[1:] + [length]) - torch.tensor(starts))
-
-
-def credit_scale(cfg: Config) -> str:
-    """credit_scale, auto resolved to the method's paper's: raw for the tree (SPO-tree), whiten for monte_carlo
-    (VinePPO)."""
-    if cfg.credit_scale != "auto":
-        return cfg.credit_scale
-    return "raw" if cfg.credit == "tree" else "whiten"
-
-
-def scale_changes(changes: list[torch.Tensor], trained: list[torch.Tensor] | None, group: Group,
-                  cfg: Config) -> list[torch.Tensor]:
-    """The changes of value as advantages (credit_scale; the formulas above assign_credit). trained (the tree's
-    once weighting): which tokens the loss trains; whitening counts those alone, and the others stay 0."""
-    how = credit_scale(cfg)
-    if how == "group":
-        if group.zero_variance:
-            return [torch.zeros_like(c) for c in changes]
-        changes = [c / (group.rewards.std(unbiased=True) + cfg.std_eps) for c in changes]
-    elif how == "whiten":
-        every = torch.cat(changes if trained is None else [c[m.bool()] for c, m in zip(changes, trained)])
-        spread = every.std(unbiased=True) if len(every) > 1 else every.new_zeros(())
-        changes = [(c - every.mean()) / (spread + cfg.std_eps) for c in changes]
-    return changes if trained is None else [c * m for c, m in zip(changes, trained)]
-
-
-def tree_values(tree: Tree, rewards: list[float], weighting: str = "leaf"):
-    """Each leaf's segment starts, values (the root's V is the group's mean reward, a node's the mean reward of the
-    leaves under it) and, with weighting once, which of its tokens it trains (None: every one). A node is its
-    tokens under its parent's node: identical siblings are one node, and so are a node that ended and its copies
-    in the leaves under it. once: a node's tokens are trained by the first leaf under it alone."""
-    paths = []  # per leaf: its node at each depth, the root () first; a node is the tuple of its segments' tokens
-    for leaf, seg in zip(tree.leaves, tree.segments):
-        path = [()]
-        for begin, end in zip(seg, [*seg[1:], len(leaf)]):
-            path.append((*path[-1], tuple(leaf[begin:end])))
-        paths.append(path)
-    under = {}  # node -> the rewards of the leaves under it
-    for path, reward in zip(paths, rewards):
-        for node in path:
-            under.setdefault(node, []).append(reward)
-    values = [[sum(under[n]) / len(under[n]) for n in path] for path in paths]
-    if weighting == "leaf":
-        return tree.segments, values, None
-    first = {}  # node -> the first leaf under it
-    for i, path in enumerate(paths):
-        for node in path:
-            first.setdefault(node, i)
-    trained = [torch.cat([torch.full((len(node[-1]),), float(first[node] == i)) for node in path[1:]])
-               for i, path in enumerate(paths)]
-    return tree.segments, values, trained
-
-
-@torch.no_grad()
-def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], starts: list[list[int]],
-                        draw: int, problem: dict, mine: range, t: Trainer, share_prompt: bool = True
-                        ) -> tuple[list[list[float]], int]:
-    """credit=monte_carlo (VinePPO, SPO-chain): V at each cut of this rank's responses (their segment starts after
-    the first), the mean reward of credit_samples continuations sampled from prompt + the response up to the cut
-    with the run's sampler, scored like the rollouts (the verifier, plus format_reward's bonus), each from its own
-    stream (seed, draw, rollout, cut, sample). The prompt's pass runs once for all the continuations (share_prompt,
-    as the tree's: its keys and values repeated to every row, which then reads only its prefix; False runs prompt +
-    prefix for every row, the same tokens up to float rounding). Returns the values per response and the tokens
-    sampled."""
-    cfg = t.cfg
-    rows = [(j, c, k) for j, st in enumerate(starts) for c in range(1, len(st)) for k in range(cfg.credit_samples)]
-    values, sampled = [[0.0] * (len(st) - 1) for st in starts], 0
-    with agreed("credit", step, rollouts=len(rows), prompt_tokens=len(prompt_ids), cfg=t.cfg), full_weights(t.model):
-        amp = autocast(t.device, t.precision)
-        prompt = shared_prompt_state(t.model, prompt_ids, amp) if share_prompt and rows else None
-        size = cfg.group_size * cfg.credit_samples
-        for begin in range(0, len(rows), size):
-            batch = rows[begin:begin + size]
-            prefixes = [responses[j][:starts[j][c]] for j, c, _ in batch]
-            rooms = [cfg.max_new_tokens - len(p) for p in prefixes]
-            streams = [torch.Generator(device=t.device).manual_seed(stream_seed(
-                cfg.seed, "continuation", draw, mine[j], c, k)) for j, c, k in batch]
-            outs, _ = decode(t.model, [torch.cat([prompt_ids, p]) for p in prefixes], max(rooms), t.eos_id,
-                             sampling_pick(streams, cfg.temperature, cfg.top_p, t.device), amp, drop_finished=True,
-                             prefilled=prompt and after_prompt(t.model, prompt, prefixes, amp))
-            outs = [o[:room] for o, room in zip(outs, rooms)]
-            sampled += sum(len(o) for o in outs)
-            texts = [t.tokenizer.decode(torch.cat([p, o]).tolist(), skip_special_tokens=True)
-                     for p, o in zip(prefixes, outs)]
-            ended = [len(o) > 0 and int(o[-1]) == t.eos_id for o in outs]
-            for (j, c, _), (reward, _, status, *_), stop in zip(batch, score_rollouts(t.scorer, texts, problem["answer"],
-                                                                                **user_reward(cfg, problem)), ended):
-                values[j][c - 1] += (reward + format_bonus(status, not stop, cfg.format_reward)) / cfg.credit_samples
-    return values, sampled
-
-
-def entropy_masks(group: Group, q: float) -> list[torch.Tensor] | None:
-    """top_entropy_quantile q < 1: per token of the group's responses, whether the policy's entropy there is at
-    least the group's (1 - q) quantile (torch.quantile over every response token of the group, TRL's rule). The
-    entropy is of the distribution the loss trains (no temperature), from the logits the sampler drew each token
-    from (decode records them: no forward more); every rank holds the whole group's, so rollouts.jsonl records it."""
-    if q >= 1:
-        return None
-    entropies = [torch.tensor(e, dtype=torch.float32) for e in group.entropies]
-    threshold = torch.quantile(torch.cat(entropies), 1 - q)
-    return [(e >= threshold).float() for e in entropies]
+    starts, values, trained, generated = method_values(step, prompt_ids, responses, group, problem, t)
+    return credit.assign(cfg.credit, credit.scale_of(cfg.credit, cfg.credit_scale), group.rewards,
+                         group.zero_variance, advantages, group.tokens, starts, values, trained, cfg.std_eps,
+                         group.entropies, cfg.top_entropy_quantile, generated)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -684,7 +429,7 @@ class LossTerms:
     clip_low: float = 0.2                     # the ratio is clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.2
     masked: list[bool] | None = None          # mask_truncated_completions: the responses that have no term
-    weights: list | None = None               # credit / top_entropy_quantile: A_it per token (Credit.weights)
+    weights: list | None = None               # credit / top_entropy_quantile: A_it per token (credit.Credit.weights)
 
 
 @dataclass
@@ -703,57 +448,54 @@ def backpropagate_step(step: int, slots: list[Slot], t: Trainer) -> list[Pass]:
     every rank holds the whole step's. With P groups the loss is the mean of their losses (each group's terms
     divided by P more), so a learning rate means per group what it means with one. Returns each group's Pass."""
     zero_gradients(t.params)
-    passes = [backpropagate_group(step, s.prompt_ids, s.responses, s.group, s.advantages, t,
-                                  s.first and s.first.token_log_probs, s.credit, len(slots)) for s in slots]
-    if not all(no_signal(s.group, s.credit) for s in slots) or t.cfg.kl_coef:
+    passes = [backpropagate_group(step, s, t, len(slots)) for s in slots]
+    if not all(s.silent for s in slots) or t.cfg.kl_coef:
         sum_gradients(t.params)
     note(f"step {step}: optimizer step")
     check_stop()  # the last safe point: nothing of this step has touched the weights or AdamW yet
     return passes
 
 
-def backpropagate_group(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
-                        advantages: torch.Tensor, t: Trainer, first_pass: list | None = None,
-                        credit: Credit | None = None, groups: int = 1) -> Pass:
-    """accumulate_policy_gradient over this rank's responses, added to the gradient (backpropagate_step zeroes and
-    sums it across ranks). first_pass: a later epoch of ppo_epochs (the first pass's token log-probs); groups: the
-    step's P. Returns the group's Pass (its loss divided by P; token log-probs: this rank's)."""
-    mine = rank_share(t.cfg.group_size)
-    terms = loss_terms(t, group, first_pass, mine, credit, groups)
-    silent = no_signal(group, credit)
-    if t.cfg.mask_truncated_completions and all(group.cut) and not silent:
+def backpropagate_group(step: int, s: Slot, t: Trainer, groups: int = 1) -> Pass:
+    """accumulate_policy_gradient over this rank's responses of the slot's group, added to the gradient
+    (backpropagate_step zeroes and sums it across ranks); a later epoch of ppo_epochs reads the first pass's token
+    log-probs (s.first); groups: the step's P. Returns the group's Pass (its loss divided by P; token log-probs:
+    this rank's)."""
+    mine, group = rank_share(t.cfg.group_size), s.group
+    terms = loss_terms(t, group, s.first and s.first.token_log_probs, mine,
+                       None if s.credit is None else [w.to(t.device) for w in s.credit.weights(mine)], groups)
+    if t.cfg.mask_truncated_completions and all(group.cut) and not s.silent:
         warn_once(t, "every response masked", f"warning: step {step}: every response of a group with reward variance "
                   f"was cut at max_new_tokens ({t.cfg.max_new_tokens}) and mask_truncated_completions leaves each out "
                   "of the loss, so it trains nothing (said once a run; raise max_new_tokens or set "
                   "mask_truncated_completions: false)")
-    with agreed("backward", step, longest=max(len(r) for r in responses), prompt_tokens=len(prompt_ids), cfg=t.cfg):
-        p = accumulate_policy_gradient(t.model, t.params, prompt_ids, responses, advantages[mine.start:mine.stop].to(
-            t.device), t.cfg.group_size, autocast(t.device, t.precision), t.cfg.logprob_batch_size, terms.divisors,
-            terms, silent, zero=False)
+    with agreed("backward", step, longest=max(len(r) for r in s.responses), prompt_tokens=len(s.prompt_ids),
+                cfg=t.cfg):
+        p = accumulate_policy_gradient(t.model, t.params, s.prompt_ids, s.responses, s.advantages[
+            mine.start:mine.stop].to(t.device), t.cfg.group_size, autocast(t.device, t.precision),
+            t.cfg.logprob_batch_size, terms.divisors, terms, s.silent, zero=False)
     shares = gather_objects((p.loss, p.seq_log_probs, p.kl, p.clipped))
-    return Pass(sum(s[0] for s in shares), [x for s in shares for x in s[1]], p.token_log_probs,
-                sum(s[2] for s in shares), sum(s[3] for s in shares))
+    return Pass(sum(x[0] for x in shares), [x for share in shares for x in share[1]], p.token_log_probs,
+                sum(x[2] for x in shares), sum(x[3] for x in shares))
 
 
-def no_signal(group: Group, credit: Credit | None) -> bool:
-    """Whether every advantage of the group is 0, so its gradient is exactly 0 (its passes are skipped): a
-    zero-variance group (the spec), or with credit every A_it 0 (a monte_carlo value can give a zero-variance
-    group a signal)."""
-    return group.zero_variance if credit is None else credit.zero
+def masked_responses(group: Group, cfg: Config) -> list[bool]:
+    """mask_truncated_completions (TRL's): the responses cut at max_new_tokens, which have no term in the loss and
+    whose tokens no per-token figure counts; decided here alone."""
+    return [cfg.mask_truncated_completions and c for c in group.cut]
 
 
-def loss_terms(t: Trainer, group: Group, first_pass: list | None, mine: range, credit: Credit | None = None,
+def loss_terms(t: Trainer, group: Group, first_pass: list | None, mine: range, weights: list | None = None,
                groups: int = 1) -> LossTerms:
     """The settings' LossTerms for this rank's responses: the divisors of loss_aggregation (a masked
     response's tokens do not count) times the step's P groups, the KL's reference, a later epoch's old
-    log-probs, the clip range, and with credit its token advantages."""
+    log-probs, the clip range, and with credit its token advantages (weights)."""
     cfg = t.cfg
-    masked = [cfg.mask_truncated_completions and c for c in group.cut]
+    masked = masked_responses(group, cfg)
     counted = [0 if m else n for n, m in zip(group.tokens, masked)]
     divisors = loss_divisors(cfg.loss_aggregation, counted if any(masked) else group.tokens, cfg.max_new_tokens)
     return LossTerms([d * groups for d in divisors[mine.start:mine.stop]], t.reference, cfg.kl_coef, first_pass, cfg.clip_eps,
-                     cfg.clip_eps_high or cfg.clip_eps, masked[mine.start:mine.stop] if any(masked) else None,
-                     None if credit is None else credit.weights)
+                     cfg.clip_eps_high or cfg.clip_eps, masked[mine.start:mine.stop] if any(masked) else None, weights)
 
 
 def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp,
@@ -965,10 +707,10 @@ def next_learning_rate(scheduler, steps: int = 1) -> None:
 def step_or_skip(slots: list[Slot], loss: float, t: Trainer) -> tuple[float, float | None]:
     """optimizer_step, the spec's: a zero-variance group too takes its AdamW step, with a zero
     gradient (momentum and weight decay still move the weights). zero_variance=skip takes none for
-    a group with no signal (no_signal: with credit, every A_it 0, so a monte_carlo value that gives a zero-variance
-    group a gradient is kept; with P groups: when no group of the step has one): weights, AdamW moments and step
-    count stay as they are; grad norm and update norm 0."""
-    if t.cfg.zero_variance == "skip" and all(no_signal(s.group, s.credit) for s in slots):
+    a group with no signal (Slot.silent: with credit, every A_it 0, so a monte_carlo value that gives a
+    zero-variance group a gradient is kept; with P groups: when no group of the step has one): weights, AdamW
+    moments and step count stay as they are; grad norm and update norm 0."""
+    if t.cfg.zero_variance == "skip" and all(s.silent for s in slots):
         return 0.0, 0.0
     return optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.weights_before, t.state_before)
 
@@ -1001,24 +743,6 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
     return grad_norm, math.sqrt(sum_over_ranks(moved * moved)) if RANKS.sharding == "fsdp" else moved
 
 
-def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
-    """The norm of weights - before: float32 differences, per-tensor norms in float64 combined in float64. On a GPU
-    `before` is overwritten in place (no second copy of the weights). On the CPU each difference passes through two
-    scratch buffers the size of the largest tensor, the same numbers: where a float64 copy of every tensor at once
-    would be new memory every step (1 GB of page faults for SmolLM2: 0.4 s, now 0.1 s)."""
-    if before[0].device != weights[0].device:
-        return update_norm_across_devices(before, weights)
-    if weights[0].device.type != "cpu":
-        torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
-        return _combined_norm(torch._foreach_norm(before, 2, dtype=torch.float64))
-    largest = max(b.numel() for b in before)
-    diff, wide, norms = before[0].new_empty(largest), before[0].new_empty(largest, dtype=torch.float64), []
-    for b, w in zip(before, weights):
-        d = torch.sub(b, w, out=diff[:b.numel()].view(b.shape))
-        norms.append(torch.linalg.vector_norm(wide[:b.numel()].view(b.shape).copy_(d)))
-    return _combined_norm(norms)
-
-
 # ----------------------------------------------------------------------------------------------
 # The step and the loop
 
@@ -1036,6 +760,7 @@ def train_step(step: int, candidates: list[dict], draw: int, problems: int, t: T
         s.advantages = compute_advantages(s.group.rewards, t.cfg.std_eps, t.cfg.advantage_std,
                                           zero_variance=s.group.zero_variance)
         s.credit = assign_credit(step, s.prompt_ids, s.responses, s.group, s.advantages, s.problem, t)  # spec: None
+        s.silent = s.group.zero_variance if s.credit is None else s.credit.all_zero()  # decided here, read after
     if slots[0].credit is not None:
         clock.lap("credit")
     epochs = []
@@ -1065,7 +790,8 @@ class Slot:
     group: Group
     set_aside: list = dataclasses.field(default_factory=list)  # (problem, group) drawn for it first (resample)
     advantages: torch.Tensor | None = None
-    credit: Credit | None = None
+    credit: credit.Credit | None = None
+    silent: bool = False  # every advantage 0, so its gradient is exactly 0 (its passes are skipped): train_step's
     first: Pass | None = None  # the first epoch's pass
     changes: list | None = None  # token_report: token_changes
 
@@ -1111,128 +837,12 @@ def epoch_figures(epoch: int, done: list[Pass], grad_norm: float, moved: float |
     """One epoch's loss and norms; with kl_coef the mean k3 per token of the loss, with ppo_epochs > 1
     the fraction of the loss's tokens the clip holds (mask_truncated_completions: kept tokens only)."""
     figures = dict(epoch=epoch, policy_loss=step_loss(done), grad_norm=grad_norm, update_norm=moved)
-    kept = sum(n for s in slots for n, c in zip(s.group.tokens, s.group.cut)
-               if not (cfg.mask_truncated_completions and c))
+    kept = sum(n for s in slots for n, m in zip(s.group.tokens, masked_responses(s.group, cfg)) if not m)
     if cfg.kl_coef:
         figures["kl"] = sum(p.kl for p in done) / max(1, kept)
     if cfg.ppo_epochs > 1:
         figures["clipped_fraction"] = sum(p.clipped for p in done) / max(1, kept)
     return figures
-
-
-@dataclass
-class StepRecord:
-    """What a step leaves for log_step: its metrics (a table row, metrics.jsonl), its rollouts
-    (rollouts.jsonl) and, with token_report, each response's tokens before and after (tokens.jsonl)."""
-    metrics: dict
-    rollouts: list[dict]
-    tokens: list[dict] = dataclasses.field(default_factory=list)
-
-
-def step_report(step: int, slots: list[Slot], cfg: Config, epochs: list[dict], clock) -> StepRecord:
-    """The step's record. The metrics' loss and norms are the first epoch's (the spec's step); with ppo_epochs > 1
-    every epoch's are under "epochs"; with P problems each group's figures under "groups". Each slot's groups set
-    aside (zero_variance=resample) come before it in the rollouts."""
-    first, figures = epochs[0], step_figures(cfg, [s.group for s in slots])
-    set_aside = [x for s in slots for x in s.set_aside]
-    metrics = {"step": step, "problem_index": slots[0].problem["index"], **{k: figures[k] for k in TABLE_FIGURES},
-               "policy_loss": first["policy_loss"], "grad_norm": first["grad_norm"],
-               "update_norm": first["update_norm"], "skipped": any(e["update_norm"] is None for e in epochs),
-               "seconds": clock.total(), **{k: v for k, v in figures.items() if k not in TABLE_FIGURES}}
-    metrics.update({k: first[k] for k in ("kl", "clipped_fraction", "learning_rate") if k in first})
-    if cfg.problems_per_step > 1:
-        metrics["problems"] = [s.problem["index"] for s in slots]
-        metrics["groups"] = [dict(problem_index=s.problem["index"], **group_figures(cfg, s.group)) for s in slots]
-    if cfg.ppo_epochs > 1:
-        metrics["epochs"] = epochs
-    if cfg.zero_variance == "resample" or cfg.problems_per_step > 1:
-        metrics["problems_drawn"] = len(set_aside) + len(slots)
-    if cfg.zero_variance == "resample":
-        metrics["set_aside"] = [dict(problem_index=p["index"], **group_figures(cfg, g)) for p, g in set_aside]
-    if cfg.credit != "sequence":  # what the credit cost: the groups' tokens and their continuations or branches
-        metrics["generated_tokens"] = sum(s.credit.generated for s in slots) + sum(
-            g.tree.generated if g.tree else sum(g.tokens) for _, g in set_aside)
-    metrics["timings"] = clock.timings
-    rollouts, tokens = [], []
-    for s in slots:
-        rollouts += [r for p, g in s.set_aside for r in group_rollouts(step, p, cfg, g, torch.zeros(len(g.texts)),
-                                                                     [None] * len(g.texts), set_aside=True)]
-        mine = slot_rollouts(step, s, cfg)
-        rollouts += mine
-        tokens += [dict(step=step, problem_index=s.problem["index"], rollout=r["rollout"], reward=r["reward"],
-                        advantage=r["advantage"], **c, **({} if s.credit is None else
-                                                          {"token_advantages": s.credit.token_advantages[r["rollout"]]}),
-                        **({"entropy_mask": r["entropy_mask"]} if "entropy_mask" in r else {}))
-                   for r, c in zip(mine, s.changes or [])]
-    return StepRecord(metrics, rollouts, tokens)
-
-
-def slot_rollouts(step: int, s: Slot, cfg: Config) -> list[dict]:
-    """The trained group's rollouts.jsonl lines, with credit its segments, values and token advantages."""
-    mine = group_rollouts(step, s.problem, cfg, s.group, s.advantages, s.first.seq_log_probs)
-    for i, r in enumerate(mine if s.credit is not None else []):
-        if cfg.credit != "sequence":
-            r.update(segments=s.credit.segments[i], values=s.credit.values[i],
-                     token_advantages=s.credit.token_advantages[i])
-        if s.credit.entropy_mask is not None:
-            r["entropy_mask"] = s.credit.entropy_mask[i]
-    return mine
-
-
-TABLE_FIGURES = ("group_size", "correct", "reward_mean", "reward_std", "response_tokens")  # before the loss
-
-
-def group_figures(cfg, group: Group) -> dict:
-    statuses = [s[2] for s in group.scored]
-    # correct: the verifier's verdicts (not the reward: format_reward, reward_function, reward_weights change that);
-    # reward_std of a zero-variance group (8 x 0.1) is 0
-    return dict(group_size=cfg.group_size, correct=statuses.count("correct"),
-                reward_mean=float(group.rewards.mean()),
-                reward_std=0.0 if group.zero_variance else float(group.rewards.std(unbiased=True)),
-                response_tokens=sum(group.tokens), cut_at_limit=sum(group.cut), no_answer=statuses.count("no_answer"),
-                verifier_timeouts=statuses.count("timeout"), verifier_crashes=statuses.count("crash"))
-
-
-def step_figures(cfg: Config, groups: list[Group]) -> dict:
-    """group_figures of the step: its one group's (the spec), or with P groups their counts summed, the mean
-    reward over all their rollouts and the mean of their sample stds (0 only when every group has zero variance)."""
-    each = [group_figures(cfg, g) for g in groups]
-    if len(each) == 1:
-        return each[0]
-    return {k: sum(f[k] for f in each) for k in each[0]} | dict(
-        group_size=cfg.group_size, reward_mean=float(torch.cat([g.rewards for g in groups]).mean()),
-        reward_std=sum(f["reward_std"] for f in each) / len(each))
-
-
-def group_rollouts(step, problem, cfg, group: Group, advantages, seq_log_probs, set_aside: bool = False) -> list[dict]:
-    # reward: the verifier's, plus format_reward's bonus when that is on
-    # reference: where answer_format read it out of a longer text (a worked solution), what it read
-    return [dict(step=step, problem_index=problem["index"], rollout=i, response=group.texts[i],
-                 answer=group.scored[i][1], status=group.scored[i][2], reward=float(group.rewards[i]),
-                 advantage=float(advantages[i]), tokens=group.tokens[i], cut_at_limit=group.cut[i],
-                 sequence_log_prob=seq_log_probs[i], **({"set_aside": True} if set_aside else {}),
-                 **({"reference": problem["answer"]} if problem.get("extracted") else {}),
-                 **({"error": group.scored[i][3]} if len(group.scored[i]) > 3 else {}))
-            for i in range(cfg.group_size)]
-
-
-class Stopwatch:
-    """A step's phase timings. On CUDA each lap waits for the GPU, so a phase is charged its own kernels."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.timings = device, {}
-        self.start = self.last = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        # a phase met again (a resampled group, another epoch) adds up
-        self.timings[phase], self.last = self.timings.get(phase, 0.0) + (now - self.last), now
-
-    def total(self) -> float:
-        self.timings["step"] = self.last - self.start
-        return self.timings["step"]
 
 
 @dataclass
@@ -1244,12 +854,14 @@ class RunState:
     eval_set: list[dict]
     steps: int  # optimizer steps in all: num_problems (as far as the data set goes) / problems_per_step
     trains: int  # the problems trained on (num_problems, as far as the data set goes)
+    extras: list[str]  # the table's extra columns (table_extras)
     history: list[dict] = dataclasses.field(default_factory=list)
     eval_log: list[dict] = dataclasses.field(default_factory=list)
     last_saved: int = 0
     step: int = 0  # the step being trained
     started: float = 0.0
     first_step: int = 1  # the first step this process trains (a resumed run: after the checkpoint's)
+    resumed: dict = dataclasses.field(default_factory=dict)  # a resumed run: its checkpoint's state.json
     watch: Watch | None = None  # the step bar and the trackers, while the loop runs
 
 
@@ -1263,13 +875,12 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
             with open_scorer(cfg) as t.scorer:
                 try_reward_function(t.scorer, s.problems[0], cfg)
                 begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
-                s.eval_log = on_rank0(read_eval_log, s.out, eval_steps_in(od.resume_from), s.steps)
-                say(format_header(cfg.group_size * cfg.problems_per_step, table_extras(
-                    cfg.ppo_epochs, cfg.kl_coef, cfg.credit != "sequence", cfg.problems_per_step > 1)))
+                s.eval_log = on_rank0(read_eval_log, s.out, s.resumed.get("eval_steps_done"), s.steps)
+                say(format_header(cfg.group_size * cfg.problems_per_step, s.extras))
                 for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
-                    say(format_row(m))
+                    say(format_row(m, s.extras))
                 s.started, s.first_step = time.perf_counter(), len(s.history) + 1
-                s.watch = open_watch(cfg, s.out, len(s.history), s.steps, od.resume_from)
+                s.watch = open_watch(cfg, s.out, len(s.history), s.steps, s.resumed)
                 if evaluate_if_due(len(s.history), t, s) and s.history:  # the base model, or what a stopped run left
                     write_checkpoint(len(s.history), t, s)  # resumed: the checkpoint of this step now records it
                 for step in range(len(s.history) + 1, s.steps + 1):
@@ -1305,16 +916,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
 def load_training(cfg: Config, device: torch.device, precision: str, od: OutputDir, problems: list[dict],
                   argv: list[str], eval_set: list[dict]) -> tuple[Trainer, RunState]:
     """The model, optimizer and checked problems; a resumed run's weights, AdamW state and steps. Changes no file."""
-    random.seed(cfg.seed)  # nothing here draws from these; seeded so that nothing a model does can vary
-    torch.manual_seed(cfg.seed)
-    progress(f"loading {cfg.model} on {device} ({precision})")
-    model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
-    problems, decoders = check_problems(problems, cfg, tokenizer, model.config.max_position_embeddings), Decoders()
-    decoders.plan("rollouts", problems, cfg.max_new_tokens)
-    if eval_set:
-        eval_set = check_problems(eval_set, cfg, tokenizer, model.config.max_position_embeddings,
-                                  cfg.eval_max_new_tokens, "eval_dataset")
-        decoders.plan("eval", eval_set, cfg.eval_max_new_tokens)
+    model, tokenizer, eos_id, problems, eval_set, decoders = start_model(cfg, device, precision, eval_set, problems)
     check_memory(cfg, model, problems, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
@@ -1322,10 +924,10 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id, buffers, reference=reference,
                 decoders=decoders)
     trains = min(cfg.num_problems, len(problems))  # load_records refuses a data set short of num_problems
-    s = RunState(od.path, argv, problems, list(eval_set), run_steps(trains, cfg), trains)
+    s = RunState(od.path, argv, problems, list(eval_set), run_steps(trains, cfg), trains, table_extras(cfg))
     t.scheduler = lr_scheduler(cfg, optimizer, s.steps)  # before a checkpoint's AdamW state: its base rate is cfg's
     if od.resume_from is not None:
-        s.history = load_checkpoint(od.resume_from, model, optimizer, problems)
+        s.history, s.resumed = load_checkpoint(od.resume_from, model, optimizer, problems)
         s.last_saved = len(s.history)
         # the problems still to train, P a step: a finished run extended (num_problems raised) trains exactly the
         # rest, each once, though its last step took fewer than P (find_resume_checkpoint refuses a smaller one)
@@ -1334,6 +936,24 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
         progress(f"resumed from {od.resume_from} after step {len(s.history)}")
     on_rank0(check_disk, cfg, model, od.path, len(s.history), s.steps)
     return t, s
+
+
+def start_model(cfg: Config, device: torch.device, precision: str, eval_set: list[dict], problems: list[dict] = (),
+                ) -> tuple:
+    """How every run starts, training or evaluation only: the seeds, the model and its tokenizer, the problems and
+    the evaluation problems checked against them (check_problems), each use's decoder planned (Decoders.plan)."""
+    random.seed(cfg.seed)  # nothing here draws from these; seeded so that nothing a model does can vary
+    torch.manual_seed(cfg.seed)
+    progress(f"loading {cfg.model} on {device} ({precision})" + ("" if problems else " for evaluation only"))
+    model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
+    context, decoders = model.config.max_position_embeddings, Decoders()
+    if problems:
+        problems = check_problems(problems, cfg, tokenizer, context)
+        decoders.plan("rollouts", problems, cfg.max_new_tokens)
+    if eval_set:
+        eval_set = check_problems(eval_set, cfg, tokenizer, context, cfg.eval_max_new_tokens, "eval_dataset")
+        decoders.plan("eval", eval_set, cfg.eval_max_new_tokens)
+    return model, tokenizer, eos_id, problems, eval_set, decoders
 
 
 def run_steps(trains: int, cfg: Config) -> int:
@@ -2104,7 +1724,94 @@ def available_memory(device: torch.device) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# Decoders (eager, static, compiled, bf16, the prompt pass)
+# The sampler's machinery
+# (each row's uniforms, the nucleus without a sort)
+
+def greedy_pick(logits: torch.Tensor, rows=None) -> torch.Tensor:
+    """Greedy decoding: the argmax of the float32 logits, no warper (the first of tied maxima)."""
+    return logits.float().argmax(dim=-1)
+
+
+UNIFORM_BLOCK = 64  # uniforms drawn per stream at a time
+
+
+class Uniforms:
+    """The sampler's float64 uniforms: each call gives every row named in `rows` (default: all) the
+    next number of its own stream (streams[i]), as a (rows, 1) tensor. Drawn UNIFORM_BLOCK at a time
+    (one launch per 64 tokens); on the CPU a block is exactly the next 64 single draws (mt19937,
+    tested); on CUDA (Philox) other numbers, still row i's t-th depending on (seed, step, rollout, t)
+    alone. A stream set back since its block (the eager retry of a failed compiled decode) draws anew."""
+
+    def __init__(self, streams: list[torch.Generator], device):
+        self.streams = list(streams)
+        self.block = torch.empty(len(self.streams), UNIFORM_BLOCK, dtype=torch.float64, device=device)
+        self.used = [UNIFORM_BLOCK] * len(self.streams)  # how many of each stream's block were handed out
+        self.marks = [None] * len(self.streams)  # each stream's state just after its block was drawn
+        self.subset = (None, None)  # the last rows named and their index tensor (new only when rows leave)
+
+    def __call__(self, rows=None) -> torch.Tensor:
+        every = list(range(len(self.streams)))
+        rows = every if rows is None else list(rows)
+        stale = [i for i in rows if self.used[i] == UNIFORM_BLOCK
+                 or not torch.equal(self.streams[i].get_state(), self.marks[i])]
+        if stale:
+            self.block = self.block.clone()  # the views handed out earlier keep their numbers
+            for i in stale:
+                self.block[i].uniform_(generator=self.streams[i])
+                self.used[i], self.marks[i] = 0, self.streams[i].get_state()
+        cols = [self.used[i] for i in rows]
+        for i in rows:
+            self.used[i] += 1
+        if rows == every and min(cols) == max(cols):  # every row at the same place: always so in decode
+            return self.block[:, cols[0], None]  # a view: no copy
+        if self.subset[0] != rows:
+            self.subset = rows, torch.tensor(rows, device=self.block.device)
+        at = cols[0] if min(cols) == max(cols) else torch.tensor(cols, device=self.block.device)
+        return self.block[self.subset[1], at].unsqueeze(-1)
+
+
+def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The kept set of top_p_reference, bit for bit (on CUDA it is top_p_reference: no sync). On the CPU
+    no ids are sorted: the removed tokens are the r lowest VALUES, so the kept set is every score >= the
+    r-th lowest; rows where that value ties a removed token, or with NaN, go to top_p_reference."""
+    if top_p >= 1.0:  # transformers adds no top-p warper at 1.0: every token with a finite score
+        return torch.isfinite(scores) | (scores == scores.max(dim=-1, keepdim=True).values)
+    if not sampler_on_host(scores.device):
+        return top_p_reference(scores, top_p)
+    values = sorted_values(scores).to(scores.device)
+    cumulative = values.softmax(dim=-1).cumsum(dim=-1)
+    n_removed = (cumulative <= (1 - top_p)).sum(dim=-1, keepdim=True).clamp(max=scores.shape[-1] - 1)
+    threshold = values.gather(-1, n_removed)
+    split_tie = (n_removed > 0) & (values.gather(-1, (n_removed - 1).clamp(min=0)) == threshold)
+    mask = scores >= threshold
+    bad = (split_tie | values[..., -1:].isnan()).squeeze(-1)
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(-1)
+        mask[rows] = top_p_reference(scores[rows], top_p)
+    return mask
+
+
+def sorted_values(scores: torch.Tensor) -> torch.Tensor:
+    """Each row's values in ascending order: what torch.sort(scores).values holds (tied tokens have
+    equal values, so their order cannot show). On CPU, numpy's vectorized sort of the values alone
+    takes ~4 ms for 8 x 151,936 scores, torch.sort (which also builds the permutation) ~100 ms."""
+    if scores.device.type == "cpu":
+        import numpy as np
+        return torch.from_numpy(np.sort(scores.detach().contiguous().numpy(), axis=-1))
+    return torch.sort(scores, dim=-1).values
+
+
+def sampler_on_host(device) -> bool:
+    """Whether the sampler runs on the CPU, where numpy can sort and a branch on a tensor's value
+    costs nothing. On CUDA such a branch stops the host until the GPU catches up (a sync), so the
+    CUDA path takes none (the tests run it on CPU tensors by making this False)."""
+    return torch.device(device).type == "cpu"
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Decoders
+# (eager, static, compiled, bf16, the prompt pass)
 
 def top_p_reference(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """Kept-token mask of transformers' TopPLogitsWarper: sort ascending, drop the tokens whose
@@ -2601,6 +2308,73 @@ def compiled_tolerance(scale: float, bf16: bool) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
+# The credit methods' sampling
+# (their formulas are credit.py's)
+
+def method_values(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group, problem: dict,
+                  t: Trainer) -> tuple[list[list[int]], list[list[float]], list | None, int]:
+    """What credit.py needs of the group for its method: each response's segment starts and the values V along it
+    (the tree's leaves, or monte_carlo's continuations from this rank's responses, gathered from every rank; with
+    the entropy mask alone the spec's one segment), which tokens the tree's once weighting trains (else None), and
+    the tokens sampled for the step (the group's, its continuations or its branches)."""
+    cfg = t.cfg
+    if cfg.credit == "tree":
+        starts, values, trained = credit.tree_values(group.tree.leaves, group.tree.segments, group.rewards.tolist(),
+                                                     cfg.tree_weighting)
+        return starts, values, trained, group.tree.generated
+    if cfg.credit != "monte_carlo":
+        return *credit.spec_values(group.rewards), None, sum(group.tokens)
+    mine = rank_share(cfg.group_size)
+    pieces = [[t.tokenizer.decode([i]) for i in r.tolist()] for r in responses]
+    starts = [credit.segment_starts(p, cfg.credit_segment_tokens) for p in pieces]
+    flat = group.zero_variance and credit.scale_of(cfg.credit, cfg.credit_scale) == "group"  # its scale is 0
+    cuts, sampled = ([[] for _ in mine], 0) if flat else continuation_values(
+        step, prompt_ids, responses, starts, group.draw, problem, mine, t)
+    shares = gather_objects((starts, cuts, sampled))
+    starts, cuts = [x for s in shares for x in s[0]], [x for s in shares for x in s[1]]
+    return starts, credit.chain_values(starts, cuts, group.rewards), None, sum(group.tokens) + sum(s[2] for s in shares)
+
+
+@torch.no_grad()
+def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], starts: list[list[int]],
+                        draw: int, problem: dict, mine: range, t: Trainer, share_prompt: bool = True
+                        ) -> tuple[list[list[float]], int]:
+    """credit=monte_carlo (VinePPO, SPO-chain): V at each cut of this rank's responses (their segment starts after
+    the first), the mean reward of credit_samples continuations sampled from prompt + the response up to the cut
+    with the run's sampler, scored like the rollouts (the verifier, plus format_reward's bonus), each from its own
+    stream (seed, draw, rollout, cut, sample). The prompt's pass runs once for all the continuations (share_prompt,
+    as the tree's: its keys and values repeated to every row, which then reads only its prefix; False runs prompt +
+    prefix for every row, the same tokens up to float rounding). Returns the values per response and the tokens
+    sampled."""
+    cfg = t.cfg
+    rows = [(j, c, k) for j, st in enumerate(starts) for c in range(1, len(st)) for k in range(cfg.credit_samples)]
+    values, sampled = [[0.0] * (len(st) - 1) for st in starts], 0
+    with agreed("credit", step, rollouts=len(rows), prompt_tokens=len(prompt_ids), cfg=t.cfg), full_weights(t.model):
+        amp = autocast(t.device, t.precision)
+        prompt = shared_prompt_state(t.model, prompt_ids, amp) if share_prompt and rows else None
+        size = cfg.group_size * cfg.credit_samples
+        for begin in range(0, len(rows), size):
+            batch = rows[begin:begin + size]
+            prefixes = [responses[j][:starts[j][c]] for j, c, _ in batch]
+            rooms = [cfg.max_new_tokens - len(p) for p in prefixes]
+            streams = [torch.Generator(device=t.device).manual_seed(stream_seed(
+                cfg.seed, "continuation", draw, mine[j], c, k)) for j, c, k in batch]
+            outs, _ = decode(t.model, [torch.cat([prompt_ids, p]) for p in prefixes], max(rooms), t.eos_id,
+                             sampling_pick(streams, cfg.temperature, cfg.top_p, t.device), amp, drop_finished=True,
+                             prefilled=prompt and after_prompt(t.model, prompt, prefixes, amp))
+            outs = [o[:room] for o, room in zip(outs, rooms)]
+            sampled += sum(len(o) for o in outs)
+            texts = [t.tokenizer.decode(torch.cat([p, o]).tolist(), skip_special_tokens=True)
+                     for p, o in zip(prefixes, outs)]
+            ended = [len(o) > 0 and int(o[-1]) == t.eos_id for o in outs]
+            for (j, c, _), (reward, _, status, _), stop in zip(batch, score_rollouts(t.scorer, texts, problem["answer"],
+                                                                                **user_reward(cfg, problem)), ended):
+                values[j][c - 1] += (reward + format_bonus(status, not stop, cfg.format_reward)) / cfg.credit_samples
+    return values, sampled
+
+
+
+# ----------------------------------------------------------------------------------------------
 # The tree's sampling
 
 @dataclass
@@ -2658,7 +2432,7 @@ def generate_tree(model, tokenizer, prompt_ids: torch.Tensor, cfg: Config, eos_i
                 out = out[:room]
                 stopped = len(out) > 0 and int(out[-1]) == eos_id
                 if not last and not stopped:
-                    out = out[:segment_end([tokenizer.decode([i]) for i in out.tolist()], 0, cfg.credit_segment_tokens,
+                    out = out[:credit.segment_end([tokenizer.decode([i]) for i in out.tolist()], 0, cfg.credit_segment_tokens,
                                            whole=False)]
                 tokens, entropy[p] = torch.cat([tokens, out]), entropy[p] + ent[:len(out)]
                 ended = last or stopped or len(tokens) >= cfg.max_new_tokens
@@ -2699,13 +2473,13 @@ def warn_tree_copies(step: int, tree: Tree, t: Trainer) -> None:
 # ----------------------------------------------------------------------------------------------
 # The rewards' checks and the reward function
 
-def check_rewards(step: int, values: list[float], rewards: torch.Tensor, scored: list[tuple], t: Trainer) -> None:
+def check_rewards(step: int, values: list[float], rewards: torch.Tensor, scored: list[Score], t: Trainer) -> None:
     """What a reward_function can get wrong, caught at the step it happens (every rank holds the same group):
     a failure is said once a run with its reason (each is counted: verifier_crashes, verifier_timeouts); a group
     whose every call failed stops the run (bad_records: stop) or trains on its zeros (skip); a reward that the
     group's float32 figures cannot hold (the sample std squares the rewards' spread) stops it."""
     cfg = t.cfg
-    failed = [(i, s[3] if len(s) > 3 else s[2]) for i, s in enumerate(scored) if s[2] in FAILED]
+    failed = [(i, s.error or s.status) for i, s in enumerate(scored) if s.status in FAILED]
     if failed and cfg.reward_function:
         fn = f"reward_function {cfg.reward_function}"
         warn_once(t, "reward failed", f"warning: step {step}: {fn} failed on rollout {failed[0][0]}: {failed[0][1]} "
@@ -2766,7 +2540,26 @@ def reward_function_unusable(cfg: Config, why: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# The optimizer step's undo and its copies
+# The optimizer step's update norm, undo and copies
+
+def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
+    """The norm of weights - before: float32 differences, per-tensor norms in float64 combined in float64. On a GPU
+    `before` is overwritten in place (no second copy of the weights). On the CPU each difference passes through two
+    scratch buffers the size of the largest tensor, the same numbers: where a float64 copy of every tensor at once
+    would be new memory every step (1 GB of page faults for SmolLM2: 0.4 s, now 0.1 s)."""
+    if before[0].device != weights[0].device:
+        return update_norm_across_devices(before, weights)
+    if weights[0].device.type != "cpu":
+        torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
+        return _combined_norm(torch._foreach_norm(before, 2, dtype=torch.float64))
+    largest = max(b.numel() for b in before)
+    diff, wide, norms = before[0].new_empty(largest), before[0].new_empty(largest, dtype=torch.float64), []
+    for b, w in zip(before, weights):
+        d = torch.sub(b, w, out=diff[:b.numel()].view(b.shape))
+        norms.append(torch.linalg.vector_norm(wide[:b.numel()].view(b.shape).copy_(d)))
+    return _combined_norm(norms)
+
+
 
 def all_finite(weights: list[torch.Tensor]) -> bool:
     """Whether every weight is finite: each tensor's min and max (a NaN turns both NaN; no overflow, no copy of a
@@ -2848,13 +2641,133 @@ def update_norm_buffers(params, device: torch.device) -> list[torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------------------------
+# The step's record
+# (its metrics, rollouts and tokens, and the clock of its phases)
+
+@dataclass
+class StepRecord:
+    """What a step leaves for log_step: its metrics (a table row, metrics.jsonl), its rollouts
+    (rollouts.jsonl) and, with token_report, each response's tokens before and after (tokens.jsonl)."""
+    metrics: dict
+    rollouts: list[dict]
+    tokens: list[dict] = dataclasses.field(default_factory=list)
+
+
+def step_report(step: int, slots: list[Slot], cfg: Config, epochs: list[dict], clock) -> StepRecord:
+    """The step's record. The metrics' loss and norms are the first epoch's (the spec's step); with ppo_epochs > 1
+    every epoch's are under "epochs"; with P problems each group's figures under "groups". Each slot's groups set
+    aside (zero_variance=resample) come before it in the rollouts."""
+    first, figures = epochs[0], step_figures(cfg, [s.group for s in slots])
+    set_aside = [x for s in slots for x in s.set_aside]
+    metrics = {"step": step, "problem_index": slots[0].problem["index"], **{k: figures[k] for k in TABLE_FIGURES},
+               "policy_loss": first["policy_loss"], "grad_norm": first["grad_norm"],
+               "update_norm": first["update_norm"], "skipped": any(e["update_norm"] is None for e in epochs),
+               "seconds": clock.total(), **{k: v for k, v in figures.items() if k not in TABLE_FIGURES}}
+    metrics.update({k: first[k] for k in ("kl", "clipped_fraction", "learning_rate") if k in first})
+    if cfg.problems_per_step > 1:
+        metrics["problems"] = [s.problem["index"] for s in slots]
+        metrics["groups"] = [dict(problem_index=s.problem["index"], **group_figures(cfg, s.group)) for s in slots]
+    if cfg.ppo_epochs > 1:
+        metrics["epochs"] = epochs
+    if cfg.zero_variance == "resample" or cfg.problems_per_step > 1:
+        metrics["problems_drawn"] = len(set_aside) + len(slots)
+    if cfg.zero_variance == "resample":
+        metrics["set_aside"] = [dict(problem_index=p["index"], **group_figures(cfg, g)) for p, g in set_aside]
+    if cfg.credit != "sequence":  # what the credit cost: the groups' tokens and their continuations or branches
+        metrics["generated_tokens"] = sum(s.credit.generated for s in slots) + sum(
+            g.tree.generated if g.tree else sum(g.tokens) for _, g in set_aside)
+    metrics["timings"] = clock.timings
+    rollouts, tokens = [], []
+    for s in slots:
+        rollouts += [r for p, g in s.set_aside for r in group_rollouts(step, p, cfg, g, torch.zeros(len(g.texts)),
+                                                                     [None] * len(g.texts), set_aside=True)]
+        mine = slot_rollouts(step, s, cfg)
+        rollouts += mine
+        tokens += [dict(step=step, problem_index=s.problem["index"], rollout=r["rollout"], reward=r["reward"],
+                        advantage=r["advantage"], **c, **({} if s.credit is None else
+                                                          {"token_advantages": s.credit.token_advantages[r["rollout"]]}),
+                        **({"entropy_mask": r["entropy_mask"]} if "entropy_mask" in r else {}))
+                   for r, c in zip(mine, s.changes or [])]
+    return StepRecord(metrics, rollouts, tokens)
+
+
+def slot_rollouts(step: int, s: Slot, cfg: Config) -> list[dict]:
+    """The trained group's rollouts.jsonl lines, with credit its segments, values and token advantages."""
+    mine = group_rollouts(step, s.problem, cfg, s.group, s.advantages, s.first.seq_log_probs)
+    for i, r in enumerate(mine if s.credit is not None else []):
+        if cfg.credit != "sequence":
+            r.update(segments=s.credit.segments[i], values=s.credit.values[i],
+                     token_advantages=s.credit.token_advantages[i])
+        if s.credit.entropy_mask is not None:
+            r["entropy_mask"] = s.credit.entropy_mask[i]
+    return mine
+
+
+TABLE_FIGURES = ("group_size", "correct", "reward_mean", "reward_std", "response_tokens")  # before the loss
+
+
+def group_figures(cfg, group: Group) -> dict:
+    statuses = [s.status for s in group.scored]
+    # correct: the verifier's verdicts (not the reward: format_reward, reward_function, reward_weights change that);
+    # reward_std of a zero-variance group (8 x 0.1) is 0
+    return dict(group_size=cfg.group_size, correct=statuses.count("correct"),
+                reward_mean=float(group.rewards.mean()),
+                reward_std=0.0 if group.zero_variance else float(group.rewards.std(unbiased=True)),
+                response_tokens=sum(group.tokens), cut_at_limit=sum(group.cut), no_answer=statuses.count("no_answer"),
+                verifier_timeouts=statuses.count("timeout"), verifier_crashes=statuses.count("crash"))
+
+
+def step_figures(cfg: Config, groups: list[Group]) -> dict:
+    """group_figures of the step: its one group's (the spec), or with P groups their counts summed, the mean
+    reward over all their rollouts and the mean of their sample stds (0 only when every group has zero variance)."""
+    each = [group_figures(cfg, g) for g in groups]
+    if len(each) == 1:
+        return each[0]
+    return {k: sum(f[k] for f in each) for k in each[0]} | dict(
+        group_size=cfg.group_size, reward_mean=float(torch.cat([g.rewards for g in groups]).mean()),
+        reward_std=sum(f["reward_std"] for f in each) / len(each))
+
+
+def group_rollouts(step, problem, cfg, group: Group, advantages, seq_log_probs, set_aside: bool = False) -> list[dict]:
+    # reward: the verifier's, plus format_reward's bonus when that is on
+    # reference: where answer_format read it out of a longer text (a worked solution), what it read
+    return [dict(step=step, problem_index=problem["index"], rollout=i, response=group.texts[i],
+                 answer=group.scored[i].answer, status=group.scored[i].status, reward=float(group.rewards[i]),
+                 advantage=float(advantages[i]), tokens=group.tokens[i], cut_at_limit=group.cut[i],
+                 sequence_log_prob=seq_log_probs[i], **({"set_aside": True} if set_aside else {}),
+                 **({"reference": problem["answer"]} if problem.get("extracted") else {}),
+                 **({"error": group.scored[i].error} if group.scored[i].error else {}))
+            for i in range(cfg.group_size)]
+
+
+class Stopwatch:
+    """A step's phase timings. On CUDA each lap waits for the GPU, so a phase is charged its own kernels."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.timings = device, {}
+        self.start = self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        # a phase met again (a resampled group, another epoch) adds up
+        self.timings[phase], self.last = self.timings.get(phase, 0.0) + (now - self.last), now
+
+    def total(self) -> float:
+        self.timings["step"] = self.last - self.start
+        return self.timings["step"]
+
+
+
+# ----------------------------------------------------------------------------------------------
 # Logging and trackers
 
 def token_changes(slot: Slot, epochs: list[dict], t: Trainer) -> list | None:
     """token_report, for a group with reward variance whose step's update was taken: every response token's
     log-probability before the step (the first pass's) and after it (one more forward per response),
     the whole group's (gathered; rank 0 writes them to tokens.jsonl)."""
-    if not t.cfg.token_report or no_signal(slot.group, slot.credit) or epochs[-1]["update_norm"] is None:
+    if not t.cfg.token_report or slot.silent or epochs[-1]["update_norm"] is None:
         return None
     amp = autocast(t.device, t.precision)
     with torch.no_grad():
@@ -2874,7 +2787,7 @@ def log_step(record: StepRecord, t: Trainer, s: RunState) -> None:
         append_jsonl(s.out / "tokens.jsonl", record.tokens)
     append_jsonl(s.out / "rollouts.jsonl", record.rollouts)
     s.history.append(metrics)
-    say(format_row(metrics))
+    say(format_row(metrics, s.extras))
     bar_advanced(s.watch.bar, 1, correct=f"{metrics['correct']}/{rollouts_of(metrics)}")
     send_to_trackers(s.watch, step_scalars(metrics, s.history), metrics["step"], record.rollouts)
     bad = next((k for k, m in enumerate(reversed(s.history)) if not m["skipped"]), len(s.history))  # in a row
@@ -2897,12 +2810,13 @@ def table_columns(extras=()) -> list[tuple[str, int]]:
     return COLUMNS[:-1] + [c for c in EXTRA_COLUMNS if c[0] in extras] + COLUMNS[-1:]
 
 
-def table_extras(ppo_epochs: int, kl_coef: float, generated: bool = False, problems: bool = False) -> list[str]:
-    """The extra columns of a run: the epoch and the clipped fraction with ppo_epochs > 1, the KL with kl_coef,
-    the tokens generated for the step (continuations and branches too) with a credit other than the spec's, the
-    problems the step took with problems_per_step > 1 (then correct/{P x G} counts the step's rollouts)."""
-    return ((["epoch", "clipped"] if ppo_epochs > 1 else []) + (["kl"] if kl_coef else [])
-            + (["generated"] if generated else []) + (["problems"] if problems else []))
+def table_extras(cfg: Config) -> list[str]:
+    """The extra columns of a run, decided once from its settings (run passes them to every row): the epoch and the
+    clipped fraction with ppo_epochs > 1, the KL with kl_coef, the tokens generated for the step (continuations and
+    branches too) with a credit other than the spec's, the problems the step took with problems_per_step > 1 (then
+    correct/{P x G} counts the step's rollouts). None for the spec's run."""
+    return ((["epoch", "clipped"] if cfg.ppo_epochs > 1 else []) + (["kl"] if cfg.kl_coef else [])
+            + (["generated"] if cfg.credit != "sequence" else []) + (["problems"] if cfg.problems_per_step > 1 else []))
 
 
 def _row(cells: list[str], columns=COLUMNS) -> str:
@@ -2921,10 +2835,9 @@ def _fixed(x: float, digits: int) -> str:
     return s[1:] if s.startswith("-") and float(s) == 0 else s  # never print -0.000000
 
 
-def format_row(m: dict) -> str:
-    """The step's row; with ppo_epochs > 1 one row per epoch (its loss, norms, clipped fraction and
-    KL), with zero_variance=resample a marked row for each group set aside before it."""
-    extras = table_extras(len(m.get("epochs", [None])), "kl" in m, "generated_tokens" in m, "problems" in m)
+def format_row(m: dict, extras=()) -> str:
+    """The step's row with the run's extra columns (table_extras); with ppo_epochs > 1 one row per epoch (its loss,
+    norms, clipped fraction and KL), with zero_variance=resample a marked row for each group set aside before it."""
     columns = table_columns(extras)
     group = [str(m["correct"]), _fixed(m["reward_mean"], 3), _fixed(m["reward_std"], 6), f"{m['response_tokens']:>4d}"]
     lines = [_row([str(m["step"]), str(g["correct"]), _fixed(g["reward_mean"], 3), _fixed(g["reward_std"], 6),
@@ -3174,9 +3087,9 @@ class Watch:
     trackio_from: int = 0  # the first step trackio's store does not hold yet (a resumed run's store may)
 
 
-def open_watch(cfg: Config, out: Path, done: int, total: int, resumed: Path | None) -> Watch:
-    """The step bar from `done` of `total`, and the trackers of report_to, continuing a resumed run's
-    (TensorBoard purges the steps redone; wandb continues the run whose id the checkpoint keeps)."""
+def open_watch(cfg: Config, out: Path, done: int, total: int, resumed: dict) -> Watch:
+    """The step bar from `done` of `total`, and the trackers of report_to, continuing a resumed run's (resumed:
+    its checkpoint's state.json; TensorBoard purges the steps redone; wandb continues the run whose id it keeps)."""
     w = Watch(progress_bar("steps", total, done, "step"))
     if process_rank() != 0:
         return w
@@ -3188,7 +3101,7 @@ def open_watch(cfg: Config, out: Path, done: int, total: int, resumed: Path | No
         w.tensorboard.add_text("config", "    " + settings.replace("\n", "\n    "), done)
     if "wandb" in trackers_named(cfg):
         import wandb
-        run_id = json.loads((resumed / "state.json").read_text()).get("wandb_run_id") if resumed else None
+        run_id = resumed.get("wandb_run_id")
         # console off: wandb must not wrap stdout (the table) or stderr. The user's WANDB_PROJECT and
         # WANDB_DIR win; else project rlvr, files under output_dir/wandb (WANDB_MODE=offline: local only)
         w.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT") or "rlvr",
@@ -3200,13 +3113,13 @@ def open_watch(cfg: Config, out: Path, done: int, total: int, resumed: Path | No
     return w
 
 
-def open_trackio(cfg: Config, out: Path, resumed: Path | None) -> tuple[object, int]:
+def open_trackio(cfg: Config, out: Path, resumed: dict) -> tuple[object, int]:
     """A trackio run in its local store ($TRACKIO_DIR, else the Hugging Face cache), named after output_dir
     and its start time, or the one a resumed checkpoint names. trackio has no purge: a resumed run sends
     only the steps after the store's last (a redone step has the same numbers). Returns the run and that step."""
     import trackio
     from trackio.sqlite_storage import SQLiteStorage
-    name = json.loads((resumed / "state.json").read_text()).get("trackio_run") if resumed else None
+    name = resumed.get("trackio_run")
     name = name or f"{out.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
     project = os.environ.get("TRACKIO_PROJECT", "rlvr")
     held = SQLiteStorage.get_max_step_for_run(project, name) if resumed else None
@@ -4060,7 +3973,7 @@ def verify_checkpoint(ckpt: Path) -> str | None:
         if sha256_file(ckpt / name) != want.get("sha256"):
             return f"{name} does not match the sha256 in its manifest (damaged)"
     try:
-        step = json.loads((ckpt / "state.json").read_text())["step"]
+        step = read_state(ckpt)["step"]
         logged = [json.loads(line)["step"] for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
     except (ValueError, KeyError, TypeError):
         return "state.json or metrics.jsonl does not hold what rlvr writes"
@@ -4133,26 +4046,32 @@ def problems_drawn(history: list[dict]) -> int:
 
 def problems_trained(history: list[dict]) -> int:
     """The problems the steps done have trained on: one each, or the P (the last step: the rest) of "problems"."""
-    return sum(len(m.get("problems", [m["problem_index"]])) for m in history)
+    return sum(len(m["problems"]) if "problems" in m else 1 for m in history)
 
 
-def checkpoint_history(ckpt: Path, problems: list[dict]) -> list[dict]:
-    """The metrics of a verified checkpoint's steps, once its data position is checked against the data."""
-    state = json.loads((ckpt / "state.json").read_text())
+def read_state(ckpt: Path) -> dict:
+    """A checkpoint's state.json: its step, data position, evaluations done and tracker runs (save_checkpoint)."""
+    return json.loads((ckpt / "state.json").read_text())
+
+
+def checkpoint_history(ckpt: Path, problems: list[dict]) -> tuple[list[dict], dict]:
+    """The metrics of a verified checkpoint's steps, once its data position is checked against the data, and its
+    state.json (read here once: the evaluations done, the tracker runs to continue)."""
+    state = read_state(ckpt)
     history = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
     here = next_record(problems, problems_drawn(history))
     if state.get("next_record") is not None and here != state["next_record"]:
         raise UserError(f"cannot resume {ckpt}: its next problem is dataset record {state['next_record']}, "
                         f"but the data now give record {here}; the data set changed since the checkpoint")
-    return history
+    return history, state
 
 
-def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[dict]:
+def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> tuple[list[dict], dict]:
     """Restore the weights and the optimizer state of a verified checkpoint; return the metrics of its
-    steps. Rank 0 reads it and sends each rank its part (replica or shard): other machines need no copy
+    steps and its state.json (every rank gets rank 0's). Rank 0 reads it and sends each rank its part (replica or shard): other machines need no copy
     of output_dir. set_optimizer_state_dict creates the absent state with a step at lr 0 (no weight moves)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    history = on_rank0(checkpoint_history, ckpt, problems)
+    history, state = on_rank0(checkpoint_history, ckpt, problems)
     # strict=False: a tied weight is in the file once; check_weight_names does the checking instead
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=RANKS.world > 1, strict=False)
     for name, read, load in (
@@ -4165,7 +4084,7 @@ def load_checkpoint(ckpt: Path, model, optimizer, problems: list[dict]) -> list[
         except Exception as e:  # intact file of another model or optimizer: name it, not torch's advice
             raise UserError(f"cannot resume {ckpt}: {name} does not fit this model and optimizer "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
-    return history
+    return history, state
 
 
 def load_optimizer_state(model, optimizer, state: dict, options) -> None:
@@ -4218,11 +4137,6 @@ def check_weight_names(model, state: dict) -> dict:
         if missing or extra:
             raise ValueError(f"missing weights {missing[:3]}, unexpected weights {extra[:3]}")
     return state
-
-
-def eval_steps_in(ckpt: Path | None) -> list[int] | None:
-    """The steps whose weights a checkpoint's run had evaluated (None: evaluation was off)."""
-    return None if ckpt is None else json.loads((ckpt / "state.json").read_text()).get("eval_steps_done")
 
 
 def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | None:
@@ -4973,14 +4887,7 @@ def shared_output_dir(cfg: Config) -> OutputDir:
 def evaluate_only(cfg: Config, device: torch.device, precision: str, od: OutputDir, eval_set: list[dict]) -> int:
     """num_problems 0: evaluate `model` once, as it is (phase "model"). No optimizer, no training data,
     no training outputs: output_dir gets run_config.yaml, eval.jsonl and eval_summary.json."""
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    progress(f"loading {cfg.model} on {device} ({precision}) for evaluation only")
-    model, tokenizer, eos_id = load_model_and_tokenizer(cfg, device, precision)
-    eval_set = check_problems(eval_set, cfg, tokenizer, model.config.max_position_embeddings,
-                              cfg.eval_max_new_tokens, "eval_dataset")
-    decoders = Decoders()
-    decoders.plan("eval", eval_set, cfg.eval_max_new_tokens)
+    model, tokenizer, eos_id, _, eval_set, decoders = start_model(cfg, device, precision, eval_set)
     with signals_caught():
         try:
             begin_output(od, cfg)  # an earlier evaluation (overwrite=true) goes now, not before the model loaded

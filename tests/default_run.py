@@ -53,7 +53,7 @@ WEIGHTS_TOLERANCE = 1e-3
 def fake_scores(step_of):
     def score(scorer, texts, gold):
         win = step_of["step"] not in FLAT_STEPS
-        return [(1.0, None, "correct") if i == 0 and win else (0.0, None, "wrong") for i in range(len(texts))]
+        return [T.Score(1.0, None, "correct") if i == 0 and win else T.Score(0.0, None, "wrong") for i in range(len(texts))]
     return score
 
 
@@ -79,19 +79,21 @@ def default_run(folder: Path, extra: list[str] = ()) -> dict:
         step_of["step"] = step
         return real_step(step, *args, **kwargs)
     T.train_step, T.score_rollouts = counting_step, fake_scores(step_of)
+    args = ["--config", str(ROOT / "config.yaml"), f"model={model_dir}", f"dataset={data}", f"output_dir={out}",
+            *SETTINGS, *extra]
     try:
-        code = T.main(["--config", str(ROOT / "config.yaml"), f"model={model_dir}", f"dataset={data}",
-                       f"output_dir={out}", *SETTINGS, *extra])
+        code = T.main(args)
     finally:
         T.train_step, T.score_rollouts = real_step, real_score
     assert code == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     weights = load_file(out / "final" / "model.safetensors")
+    extras = T.table_extras(T.load_config(args))  # the run's extra columns (none for the spec's)
     return {
         # the seconds column dropped (a marker in its place, then cut off; rows of later epochs have none)
         "table": [line.removesuffix("-1.0").rstrip() for m in metrics
-                  for line in T.format_row(dict(m, seconds=-1.0)).splitlines()],
+                  for line in T.format_row(dict(m, seconds=-1.0), extras).splitlines()],
         "rollouts_sha256": hashlib.sha256((out / "rollouts.jsonl").read_bytes()).hexdigest(),
         "weights": {k: fingerprint(v) for k, v in sorted(weights.items())},
         "steps": [{k: m[k] for k in ("step", "correct", "reward_mean", "reward_std", "response_tokens", "policy_loss",

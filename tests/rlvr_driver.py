@@ -30,20 +30,20 @@ import train_rlvr as T  # noqa: E402
 
 
 def first_rollout_wins(scorer, texts, gold):
-    return [(1.0, None, "correct") if i == 0 and T.RANKS.rank == 0 else (0.0, None, "wrong")
+    return [T.Score(1.0, None, "correct") if i == 0 and T.RANKS.rank == 0 else T.Score(0.0, None, "wrong")
             for i in range(len(texts))]
 
 
 def by_text(scorer, texts, gold):
     """A reward by the text alone (1 when its length is even): the same for a text whichever rank, batch or call
     scores it, as credit's continuations need for several processes to match one."""
-    return [(1.0, None, "correct") if len(x) % 2 == 0 else (0.0, None, "wrong") for x in texts]
+    return [T.Score(1.0, None, "correct") if len(x) % 2 == 0 else T.Score(0.0, None, "wrong") for x in texts]
 
 
 def flat_for(answers):
     """first_rollout_wins, except that the problems with these answers score 0 throughout (zero variance)."""
     def score(scorer, texts, gold):
-        return [(0.0, None, "wrong") if gold in answers else s for s in first_rollout_wins(scorer, texts, gold)]
+        return [T.Score(0.0, None, "wrong") if gold in answers else s for s in first_rollout_wins(scorer, texts, gold)]
     return score
 
 

@@ -26,13 +26,13 @@ def run_args(model_dir, data, out, *extra):
 def first_rollout_wins(monkeypatch):
     """Rollout 0 of every group scores 1, the others 0: every step has variance, so every step trains."""
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
-        (1.0, None, "correct") if i == 0 else (0.0, None, "wrong") for i in range(len(texts))])
+        T.Score(1.0, None, "correct") if i == 0 else T.Score(0.0, None, "wrong") for i in range(len(texts))])
 
 
 def verdict(right):
-    """A fake verifier's score: (1.0, None, "correct") or (0.0, None, "wrong"), as the real one pairs them (the
+    """A fake verifier's Score: (1.0, None, "correct") or (0.0, None, "wrong"), as the real one pairs them (the
     table's correct/G counts the verdicts)."""
-    return (1.0, None, "correct") if right else (0.0, None, "wrong")
+    return T.Score(1.0, None, "correct") if right else T.Score(0.0, None, "wrong")
 
 
 def one_line_error(capsys, *fragments):

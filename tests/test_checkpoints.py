@@ -361,7 +361,7 @@ def test_a_hanging_or_crashing_verifier_scores_0_and_training_goes_on(tiny_model
                                                                        capsys, monkeypatch, score_fn, status):
     if status == "crash":
         # misbehaving_score kills its worker on the response "EXIT"
-        monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [scorer.score("EXIT", gold) for _ in texts])
+        monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [T.Score(*scorer.score("EXIT", gold)) for _ in texts])
     monkeypatch.setattr(T.verifier, "TimedVerifier", functools.partial(verifier.TimedVerifier, score_fn=score_fn))
     out = tmp_path / "run"
     assert T.main(_args(tiny_model_dir, tiny_data_file, out, "num_problems=2", "group_size=2",
@@ -468,7 +468,7 @@ def test_a_checkpoint_of_the_previous_code_resumes_to_the_same_weights_and_optim
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     problems = [{"index": i} for i in range(2)]
-    assert len(T.load_checkpoint(ckpt, model, optimizer, problems)) == 1
+    assert len(T.load_checkpoint(ckpt, model, optimizer, problems)[0]) == 1
     assert torch.equal(model.model.embed_tokens.weight, weights["lm_head.weight"])
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
     state, names = optimizer.state_dict()["state"], [n for n, _ in model.named_parameters()]

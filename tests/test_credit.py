@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rlvr_driver
+import credit as C
 import train_rlvr as T
 from conftest import ROOT
 from run_helpers import main_args, one_line_error
@@ -24,7 +25,7 @@ def _trainer(**settings):
 
 def _group(rewards, tokens, tree=None, draw=3):
     r = torch.tensor(rewards, dtype=torch.float32)
-    return T.Group(["x"] * len(rewards), [(x, None, "wrong") for x in rewards], tokens, [False] * len(rewards), r,
+    return T.Group(["x"] * len(rewards), [T.Score(x, None, "wrong") for x in rewards], tokens, [False] * len(rewards), r,
                    T.equal_rewards(r), draw, tree)
 
 
@@ -34,14 +35,14 @@ def _group(rewards, tokens, tree=None, draw=3):
 
 def test_segments_end_at_the_last_line_or_sentence_end_within_the_limit():
     pieces = ["41", " +", " 6", " =", " 47", "\n", "47", " +", " 8", " =", " 55", "\n", "So", " it", ".", " Done", "."]
-    assert T.segment_starts(pieces, 32) == [0]  # the whole response fits one segment
-    assert T.segment_starts(pieces, 8) == [0, 6, 12]  # after each "\n"; "." then " Done" is a sentence end too
-    assert T.segment_starts(pieces, 4) == [0, 4, 6, 10, 12, 15]  # no line end in 0-3: a hard cut at 4
-    assert T.segment_end(["3", ".", "5", " x"], 0, 4, whole=False) == 4  # "3.5": no white space after the "."
-    assert T.segment_end(["a", ".", " b", "c", "d"], 0, 4, whole=False) == 2
-    assert T.segment_end(["a", "b"], 0, 8) == 2
+    assert C.segment_starts(pieces, 32) == [0]  # the whole response fits one segment
+    assert C.segment_starts(pieces, 8) == [0, 6, 12]  # after each "\n"; "." then " Done" is a sentence end too
+    assert C.segment_starts(pieces, 4) == [0, 4, 6, 10, 12, 15]  # no line end in 0-3: a hard cut at 4
+    assert C.segment_end(["3", ".", "5", " x"], 0, 4, whole=False) == 4  # "3.5": no white space after the "."
+    assert C.segment_end(["a", ".", " b", "c", "d"], 0, 4, whole=False) == 2
+    assert C.segment_end(["a", "b"], 0, 8) == 2
     # two line ends within the limit: the cut is after the last of them (token 3), not the first (token 1)
-    assert T.segment_starts(["a", "\n", "b", "\n", "c", "d"], 4) == [0, 4]
+    assert C.segment_starts(["a", "\n", "b", "\n", "c", "d"], 4) == [0, 4]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -63,7 +64,7 @@ def test_a_hand_built_tree_gives_its_node_values_and_trains_a_shared_token_once(
     credit_scale group (the earlier definition of the tree)."""
     t = _trainer(group_size=4, credit="tree", tree_branching="2,2", tree_weighting="once", credit_scale="group")
     tree = _tree()
-    starts, values, trained = T.tree_values(tree, [1.0, 0.0, 0.0, 0.0], "once")
+    starts, values, trained = C.tree_values(tree.leaves, tree.segments, [1.0, 0.0, 0.0, 0.0], "once")
     assert values == [[0.25, 0.5, 1.0], [0.25, 0.5, 0.0], [0.25, 0.0], [0.25, 0.0]]
     assert [m.tolist() for m in trained] == [[1] * 5, [0, 0, 0, 1, 1, 1], [1, 1], [0, 0]]
     group = _group([1.0, 0.0, 0.0, 0.0], [5, 6, 2, 2], tree)
@@ -75,7 +76,7 @@ def test_a_hand_built_tree_gives_its_node_values_and_trains_a_shared_token_once(
         assert got == pytest.approx(want, abs=1e-6)
     assert credit.generated == 11 and credit.segments == tree.segments
     # each shared token's advantage counted once: the group's tokens, weighted once each, add up to the nodes'
-    assert sum(x for w in credit.weights for x in w.tolist()) == pytest.approx(3 * a + 2 * b - 3 * b - 2 * a)
+    assert sum(x for w in credit.weights(range(4)) for x in w.tolist()) == pytest.approx(3 * a + 2 * b - 3 * b - 2 * a)
 
 
 def test_a_hand_built_trees_token_advantages_are_the_raw_changes_of_value_by_default():
@@ -281,7 +282,7 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
         seen.update(starts=starts, draw=draw, mine=list(mine))
         return [[0.25, 0.75], []], 12
     monkeypatch.setattr(T, "continuation_values", values)
-    monkeypatch.setattr(T, "segment_starts", lambda pieces, limit: [0, 2, 4] if len(pieces) == 5 else [0])
+    monkeypatch.setattr(C, "segment_starts", lambda pieces, limit: [0, 2, 4] if len(pieces) == 5 else [0])
     responses = [torch.tensor([5, 6, 7, 8, 0]), torch.tensor([9, 0])]
     group = _group([1.0, 0.0], [5, 2])
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
@@ -320,7 +321,7 @@ def test_continuation_values_average_the_scored_continuations_of_each_cut(monkey
     seeds = []
     monkeypatch.setattr(T, "stream_seed", lambda seed, *key: seeds.append(key) or 1)
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
-        (0.0 if "<30>" in x else 1.0, None, "wrong") for x in texts])
+        T.Score(0.0 if "<30>" in x else 1.0, None, "wrong") for x in texts])
     values, sampled = T.continuation_values(1, torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])],
                                             [[0, 2, 4]], 3, {"answer": "1"}, range(1, 2), t)
     assert calls == [[1], ([[1, 5, 6]] * 2 + [[1, 5, 6, 7, 8]] * 2, 4, (("P",), [[5, 6]] * 2 + [[5, 6, 7, 8]] * 2))]
@@ -440,8 +441,29 @@ def test_the_spec_credit_is_no_credit_and_with_the_entropy_mask_every_token_gets
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
     assert credit.token_advantages == [[adv[0].item()] * 3, [adv[1].item()] * 2]
     # the group's entropies 0.1 0.2 0.5 0.8 0.9: the median 0.5 and above are kept
-    assert [w.tolist() for w in credit.weights] == [[0.0, adv[0].item(), adv[0].item()], [0.0, adv[1].item()]]
+    assert [w.tolist() for w in credit.weights(range(2))] == [[0.0, adv[0].item(), adv[0].item()], [0.0, adv[1].item()]]
     assert credit.entropy_mask == [[0, 1, 1], [0, 1]]  # what rollouts.jsonl records
+
+
+def test_the_spec_credit_calls_nothing_in_credit_py(tiny_model_dir, tiny_data_file, tmp_path, monkeypatch):
+    """credit: sequence (no entropy mask): a run calls no function of credit.py (assign_credit returns None before
+    its door); the entropy mask alone calls credit.assign and entropy_masks (the profiler sees credit.py's calls)."""
+    import sys
+
+    monkeypatch.setattr(T, "score_rollouts", rlvr_driver.by_text)
+    for name, extra in (("spec", []), ("mask", ["top_entropy_quantile=0.5"])):
+        called = []
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename == C.__file__:
+                called.append(frame.f_code.co_name)
+        sys.setprofile(profile)
+        try:
+            code = T.main(main_args(tiny_model_dir, tiny_data_file, tmp_path / name, "num_problems=2", *extra))
+        finally:
+            sys.setprofile(None)
+        assert code == 0
+        assert called == [] if name == "spec" else {"assign", "entropy_masks"} <= set(called)
 
 
 def test_the_entropy_mask_keeps_the_top_quantile_of_the_groups_tokens(monkeypatch):
@@ -450,9 +472,9 @@ def test_the_entropy_mask_keeps_the_top_quantile_of_the_groups_tokens(monkeypatc
     0.4, q = 0.2 gives 0.8."""
     group = _group([1.0, 0.0], [4, 2])
     group.entropies = [[0.1, 0.5, 0.9, 0.3], [0.2, 0.8]]
-    assert [m.tolist() for m in T.entropy_masks(group, 0.5)] == [[0, 1, 1, 0], [0, 1]]
-    assert [m.tolist() for m in T.entropy_masks(group, 0.2)] == [[0, 0, 1, 0], [0, 1]]
-    assert T.entropy_masks(group, 1.0) is None
+    assert [m.tolist() for m in C.entropy_masks(group.entropies, 0.5)] == [[0, 1, 1, 0], [0, 1]]
+    assert [m.tolist() for m in C.entropy_masks(group.entropies, 0.2)] == [[0, 0, 1, 0], [0, 1]]
+    assert C.entropy_masks(group.entropies, 1.0) is None
 
 
 def test_entropy_of_a_hand_made_distribution():
@@ -528,7 +550,7 @@ def test_the_continuations_shared_prompt_pass_gives_the_per_row_continuations(ti
     t.model, t.eos_id = model, -1  # no EOS: every continuation runs to max_new_tokens, its tokens all compared
     texts = []
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, xs, gold: [
-        texts.append(x) or (float(len(texts) % 3 == 0), None, "wrong") for x in xs])
+        texts.append(x) or T.Score(float(len(texts) % 3 == 0), None, "wrong") for x in xs])
     passes, real = [], T.eager_decoder
     monkeypatch.setattr(T, "eager_decoder", lambda *a, **k: passes.append(len(a[1])) or real(*a, **k))
     responses = [torch.tensor([7, 8, 9, 10, 11, 12]), torch.tensor([20, 21, 22, 23]), torch.tensor([30, 31, 32, 33, 34])]
@@ -552,24 +574,24 @@ def test_a_zero_variance_group_keeps_every_advantage_zero_and_samples_no_continu
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=True)
     credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor([5, 6, 0]), torch.tensor([9, 0])], group, adv,
                              {"answer": "1"}, t)
-    assert credit.token_advantages == [[0.0] * 3, [0.0] * 2] and credit.zero
+    assert credit.token_advantages == [[0.0] * 3, [0.0] * 2] and credit.all_zero()
 
 
 def test_monte_carlo_credits_a_right_first_line_in_an_all_wrong_group(monkeypatch):
     """VinePPO's case: rewards 0, 0 (zero variance), response 0's first line right (its continuations' mean
     V = 0.5), response 1's not (V = 0). Raw: response 0's first segment +0.5, its second 0 - 0.5 = -0.5,
-    response 1's 0: a gradient (credit.zero False), where the spec's credit has none. Whitened (auto, VinePPO's):
+    response 1's 0: a gradient (credit.all_zero() False), where the spec's credit has none. Whitened (auto, VinePPO's):
     over the 8 tokens .5 .5 -.5 -.5 -.5 0 0 0, mean -0.0625, sample std 0.41726: +0.5 -> 0.5625 / 0.41736 = 1.34775."""
     t = _trainer(group_size=2, credit="monte_carlo", credit_segment_tokens=2, credit_scale="raw")
     monkeypatch.setattr(T, "continuation_values", lambda *a, **k: ([[0.5], [0.0]], 16))
-    monkeypatch.setattr(T, "segment_starts", lambda pieces, limit: [0, 2])
+    monkeypatch.setattr(C, "segment_starts", lambda pieces, limit: [0, 2])
     responses = [torch.tensor([5, 6, 7, 8, 0]), torch.tensor([9, 10, 0])]
     group = _group([0.0, 0.0], [5, 3])
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=True)
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
     assert credit.values == [[0.0, 0.5, 0.0], [0.0, 0.0, 0.0]]
-    assert credit.token_advantages == [[0.5, 0.5, -0.5, -0.5, -0.5], [0.0, 0.0, 0.0]] and not credit.zero
-    assert not T.no_signal(group, credit) and T.no_signal(group, None)  # its passes run; the spec's would not
+    assert credit.token_advantages == [[0.5, 0.5, -0.5, -0.5, -0.5], [0.0, 0.0, 0.0]] and not credit.all_zero()
+    assert group.zero_variance  # its passes run (train_step's silent: all_zero), where the spec's would not
     assert credit.generated == 8 + 16
     t.cfg.credit_scale = "auto"
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)

@@ -381,9 +381,9 @@ def test_rewards_whose_sample_std_overflows_float32_stop_the_step():
     t = SimpleNamespace(cfg=T.Config(reward_function="r.py:score"), warned=set())
     with pytest.raises(T.StopRun, match=r"step 3: rollout 0's reward 3e\+38 \(reward_function r.py:score\) is too "
                                         r"large for the group's float32 mean and sample std"):
-        T.check_rewards(3, values, rewards, [(v, None, "wrong") for v in values], t)
+        T.check_rewards(3, values, rewards, [T.Score(v, None, "wrong") for v in values], t)
     held = [3e38, -3e38, 0.0, 0.0]  # sample std 2.45e38: float32 holds it
-    T.check_rewards(3, held, torch.tensor(held), [(v, None, "wrong") for v in held], t)
+    T.check_rewards(3, held, torch.tensor(held), [T.Score(v, None, "wrong") for v in held], t)
 
 
 @pytest.mark.parametrize("name, why", [

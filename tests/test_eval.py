@@ -322,7 +322,7 @@ def _fake_scores(monkeypatch):
     which the tiny model starts with), 'any' (always right) or 'none' (never), so one run has
     problems that improve, regress, stay right and stay wrong."""
     def rollouts(scorer, texts, gold):
-        return [(float(_first_char_odd(t)), None, "wrong") for t in texts]
+        return [T.Score(float(_first_char_odd(t)), None, "wrong") for t in texts]
 
     def responses(scorer, texts, golds):
         right = {"odd": _first_char_odd, "even": lambda t: not _first_char_odd(t),

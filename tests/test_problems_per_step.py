@@ -207,7 +207,7 @@ def test_the_next_steps_candidates_follow_the_problems_trained():
     problems 2 and 3 (draws 3, 4)."""
     problems = [{"index": i} for i in range(5)]
     cfg = T.Config(num_problems=5, problems_per_step=2)
-    s = T.RunState(None, [], problems, [], T.run_steps(5, cfg), 5)
+    s = T.RunState(None, [], problems, [], T.run_steps(5, cfg), 5, [])
     s.history = [dict(step=1, problem_index=0, problems=[0, 1], problems_drawn=2)]
     assert T.run_candidates(s, cfg) == ([problems[2], problems[3]], 3, 2)
     s.history.append(dict(step=2, problem_index=2, problems=[2, 3], problems_drawn=2))

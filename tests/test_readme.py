@@ -1,18 +1,20 @@
-"""The README's map of train_rlvr.py matches the file, and every relative link of the docs resolves.
+"""The README's map of the code matches train_rlvr.py and credit.py, and every relative link of the docs resolves.
 
-The map is a table (section | what lives there | lines A-B). A section of train_rlvr.py is a line
-`# ----...` followed by `# <Section name>`; it runs from that marker line to the line before the next
-marker (or the file's last line). After train_rlvr.py has moved, `python tests/test_readme.py`
-prints each section's lines as the file has them now; `--write` puts them into the README's map.
+The map is a table (section | what lives there), with no line numbers. A section of train_rlvr.py is a line
+`# ----...` followed by `# <Section name>`; it runs from that marker line to the line before the next marker
+(or the file's last line). `python tests/test_readme.py` prints each section's lines as the file has them now.
 """
 
+import ast
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SOURCE = ROOT / "train_rlvr.py"
-MAP_HEADER = "| section | what lives there | lines |"
+CREDIT = ROOT / "credit.py"
+MAP_HEADER = "| section | what lives there |"
+SPEC_PATH_LINES = 950  # the spec's path, from the top of train_rlvr.py to the end of run
 
 
 def file_sections(source: Path = SOURCE) -> list[tuple[str, int, int]]:
@@ -24,8 +26,8 @@ def file_sections(source: Path = SOURCE) -> list[tuple[str, int, int]]:
     return [(name, start, end) for (start, name), end in zip(starts, ends)]
 
 
-def readme_map(readme: Path = README) -> list[tuple[str, list[str], int, int]]:
-    """(section, names in backticks of "what lives there", A, B) per row of the README's map table."""
+def readme_map(readme: Path = README) -> list[tuple[str, list[str]]]:
+    """(section, names in backticks of "what lives there") per row of the README's map table."""
     text = readme.read_text(encoding="utf-8")
     assert MAP_HEADER in text, f"README has no map table (a table headed {MAP_HEADER!r})"
     rows = []
@@ -33,10 +35,8 @@ def readme_map(readme: Path = README) -> list[tuple[str, list[str], int, int]]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        assert len(cells) == 3, f"README map: row {line!r} should have 3 cells"
-        span = re.fullmatch(r"(\d+)\s*-\s*(\d+)", cells[2])
-        assert span, f"README map: section {cells[0]}: lines cell {cells[2]!r} should read A-B"
-        rows.append((cells[0], re.findall(r"`([A-Za-z_][A-Za-z_0-9]*)`", cells[1]), int(span[1]), int(span[2])))
+        assert len(cells) == 2, f"README map: row {line!r} should have 2 cells (no line numbers)"
+        rows.append((cells[0], re.findall(r"`([A-Za-z_][A-Za-z_0-9]*)`", cells[1])))
     return rows
 
 
@@ -52,30 +52,22 @@ def definitions(source: Path = SOURCE) -> dict[str, list[int]]:
 
 def test_the_readme_map_lists_every_section_in_file_order():
     in_file = [name for name, _, _ in file_sections()]
-    in_readme = [name for name, _, _, _ in readme_map()]
+    in_readme = [name for name, _ in readme_map()]
     assert in_readme == in_file, (f"README map: the sections should be train_rlvr.py's, in file order:\n"
                                   f"  train_rlvr.py: {in_file}\n  README:        {in_readme}")
 
 
-def test_the_readme_map_gives_each_sections_lines():
-    spans = {name: (start, end) for name, start, end in file_sections()}
-    wrong = [f"README map: section {name} is lines {spans[name][0]}-{spans[name][1]} in train_rlvr.py, "
-             f"README says {a}-{b}" for name, _, a, b in readme_map() if name in spans and spans[name] != (a, b)]
-    unknown = [f"README map: section {name} is not a section of train_rlvr.py" for name, _, _, _ in readme_map()
-               if name not in spans]
-    assert not wrong + unknown, "\n".join(wrong + unknown)
-
-
 def test_each_name_in_the_readme_map_is_defined_in_its_section():
-    defined = definitions()
+    defined, spans = definitions(), {name: (a, b) for name, a, b in file_sections()}
     problems = []
-    for section, names, a, b in readme_map():
+    for section, names in readme_map():
         assert names, f"README map: section {section} names no function or class"
+        a, b = spans.get(section, (0, -1))
         for name in names:
             where = defined.get(name, [])
-            if not any(a <= n <= b for n in where):
+            if name != "credit" and not any(a <= n <= b for n in where):
                 at = f"defined at line {', '.join(map(str, where))}" if where else "not defined in train_rlvr.py"
-                problems.append(f"README map: {name} (section {section}, lines {a}-{b}) is {at}")
+                problems.append(f"README map: {name} (section {section}) is {at}")
     assert not problems, "\n".join(problems)
 
 
@@ -110,10 +102,10 @@ def test_every_relative_link_of_the_readme_and_docs_points_to_an_existing_file()
 
 
 def test_the_functions_the_docs_name_in_their_headings_and_the_spec_path_are_defined():
-    """A docs heading's trailing (`name`, ...) names the functions of train_rlvr.py that hold its formula: each is
-    defined there (a rename or a move that forgets a page fails here). And the spec's path ends where the README's
-    map says: `run` within the first 1,300 lines, every function of the file at most 60 lines."""
-    defined = definitions()
+    """A docs heading's trailing (`name`, ...) names the functions of train_rlvr.py or credit.py that hold its
+    formula: each is defined there (a rename or a move that forgets a page fails here). And the spec's path ends
+    where the README's map says: `run` within the first 950 lines, every function of both files at most 60 lines."""
+    defined = definitions() | definitions(CREDIT)
     stale = []
     for page in sorted((ROOT / "docs").glob("*.md")):
         for heading in re.findall(r"^#{1,6}\s+(.*\))\s*$", page.read_text(encoding="utf-8"), re.M):
@@ -121,34 +113,23 @@ def test_the_functions_the_docs_name_in_their_headings_and_the_spec_path_are_def
             stale += [f"{page.name}: {heading!r} names {n}, which train_rlvr.py does not define"
                       for n in names if n not in defined and "_" in n]
     assert not stale, "\n".join(stale)
-    assert max(defined["run"]) <= 1300
-    import ast
-
-    tree = ast.parse(SOURCE.read_text(encoding="utf-8"))
-    long = [f"{n.name}: {n.end_lineno - n.lineno + 1} lines" for n in ast.walk(tree)
+    run = next(n for n in ast.parse(SOURCE.read_text(encoding="utf-8")).body if getattr(n, "name", "") == "run")
+    assert run.end_lineno <= SPEC_PATH_LINES, f"the spec's path ends at line {run.end_lineno}"
+    long = [f"{path.name} {n.name}: {n.end_lineno - n.lineno + 1} lines" for path in (SOURCE, CREDIT)
+            for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
     assert not long, long
 
 
-def with_current_lines(text: str) -> str:
-    """The README text with each map row's lines cell set to its section's lines in train_rlvr.py."""
-    spans = {name: f"{start}-{end}" for name, start, end in file_sections()}
-    head, table = text.split(MAP_HEADER, 1)
-    rows = table.split("\n")
-    for k, line in enumerate(rows[2:], 2):
-        if not line.startswith("|"):
-            break
-        cells = line.strip().strip("|").split("|")
-        if cells[0].strip() in spans:
-            rows[k] = "|" + "|".join(cells[:-1] + [f" {spans[cells[0].strip()]} "]) + "|"
-    return head + MAP_HEADER + "\n".join(rows)
+def test_credit_py_stands_alone():
+    """credit.py, like verifier.py, imports nothing from the trainer (the trainer hands it plain values)."""
+    for path in (CREDIT, ROOT / "verifier.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not imported & {"train_rlvr", "credit", "verifier"} - {path.stem}, (path.name, imported)
 
 
 if __name__ == "__main__":
-    import sys
-
     for name, start, end in file_sections():
         print(f"{name}: {start}-{end}")
-    if "--write" in sys.argv[1:]:
-        README.write_text(with_current_lines(README.read_text(encoding="utf-8")), encoding="utf-8")
-        print(f"wrote the lines into {README}")

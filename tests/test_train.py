@@ -47,7 +47,7 @@ def test_rewards_closer_than_any_tolerance_still_have_variance_and_a_gradient(ti
     A_8 = (1e-6 - 1.25e-7) / (3.54e-7 + 1e-4) = 0.00872 and whose gradient is not 0."""
     model, _ = tiny_model
     rewards = [0.0] * 7 + [1e-6]
-    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [(r, None, "wrong") for r in rewards])
+    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [T.Score(r, None, "wrong") for r in rewards])
     t = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, **kw: "x"), scorer=None, cfg=T.Config())
     responses = [torch.tensor([7 + i, 0]) for i in range(8)]
     group = T.score_group(2, responses, [False] * 8, {"answer": "1"}, t)

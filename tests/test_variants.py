@@ -166,12 +166,12 @@ def test_zero_variance_skip_leaves_weights_and_adamw_untouched_step_moves_them(t
     prompt, responses = _group()
     adv = advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]))
     T.accumulate_policy_gradient(model, t.params, prompt, responses, adv, 4, T.nullcontext())
-    assert T.step_or_skip([SimpleNamespace(group=SimpleNamespace(zero_variance=False))], 0.0, t)[1] > 0  # a group with variance steps in both modes
+    assert T.step_or_skip([SimpleNamespace(silent=False)], 0.0, t)[1] > 0  # a group with a signal steps in both modes
     weights = [p.detach().clone() for p in t.params]
     state = {k: v.clone() for k, v in t.optimizer.state[t.params[0]].items()}
     zero = advantages(torch.ones(4))
     T.accumulate_policy_gradient(model, t.params, prompt, responses, zero, 4, T.nullcontext(), silent=True)
-    grad_norm, moved = T.step_or_skip([SimpleNamespace(group=SimpleNamespace(zero_variance=True))], 0.0, t)
+    grad_norm, moved = T.step_or_skip([SimpleNamespace(silent=True)], 0.0, t)
     after = t.optimizer.state[t.params[0]]
     assert grad_norm == 0.0
     if mode == "skip":
@@ -383,6 +383,12 @@ def _pass_trainer(model, reference=None, **settings):
                            precision="fp32", reference=reference)
 
 
+def _backpropagate(prompt, responses, group, adv, t, old=None):
+    """backpropagate_group on one slot (old: a later epoch's first-pass token log-probs)."""
+    first = None if old is None else T.Pass(0.0, [None] * len(responses), old)
+    return T.backpropagate_group(1, T.Slot({"index": 0}, prompt, responses, group, advantages=adv, first=first), t)
+
+
 def test_the_kl_and_clipped_figures_are_means_over_the_groups_tokens(tiny_model):
     """The kl column is the group's sum of k3 over all its tokens divided by the number of tokens
     (sum_j L_j = 16 here), not by the number of responses (4); the clipped column likewise."""
@@ -395,10 +401,10 @@ def test_the_kl_and_clipped_figures_are_means_over_the_groups_tokens(tiny_model)
         k3 = [torch.exp(q - l) - (q - l) - 1 for q, l in
               ((_token_lps(ref, prompt, r), _token_lps(model, prompt, r)) for r in responses)]
     want = sum(k.sum().item() for k in k3) / 16
-    group = T.Group([""] * 4, [(0.0, None, "wrong")] * 4, lengths, [False] * 4, torch.tensor([1.0, 0.0, 1.0, 0.0]),
+    group = T.Group([""] * 4, [T.Score(0.0, None, "wrong")] * 4, lengths, [False] * 4, torch.tensor([1.0, 0.0, 1.0, 0.0]),
                     False)
     t = _pass_trainer(model, ref, kl_coef=0.3)
-    measured = T.epoch_figures(1, [T.backpropagate_group(1, prompt, responses, group, adv, t)], 0.0, 0.0,
+    measured = T.epoch_figures(1, [_backpropagate(prompt, responses, group, adv, t)], 0.0, 0.0,
                                [SimpleNamespace(group=group)], t.cfg)
     assert measured["kl"] == pytest.approx(want, rel=1e-5) and want > 0
     model.zero_grad(set_to_none=True)
@@ -408,7 +414,7 @@ def test_the_kl_and_clipped_figures_are_means_over_the_groups_tokens(tiny_model)
         rho = [torch.exp(_token_lps(model, prompt, r) - o) for r, o in zip(responses, old)]
     held = sum(int((((p < 0.8) & (a < 0)) | ((p > 1.2) & (a > 0))).sum()) for p, a in zip(rho, adv))
     t = _pass_trainer(model, ppo_epochs=2)
-    measured = T.epoch_figures(2, [T.backpropagate_group(1, prompt, responses, group, adv, t, old)], 0.0, 0.0,
+    measured = T.epoch_figures(2, [_backpropagate(prompt, responses, group, adv, t, old)], 0.0, 0.0,
                                [SimpleNamespace(group=group)], t.cfg)
     assert 0 < held < 16 and measured["clipped_fraction"] == held / 16
     model.zero_grad(set_to_none=True)
@@ -424,7 +430,7 @@ def test_with_kl_the_first_step_is_the_spec_step_and_the_kl_column_shows_only_th
     assert kl["table"][0].startswith(spec["table"][0] + "  ")  # the spec's cells, then kl 0
     assert kl["table"][0].split()[-1] == "0.000e+00"
     assert kl["weights"] == spec["weights"]
-    header = T.format_header(4, T.table_extras(1, 0.5))
+    header = T.format_header(4, T.table_extras(T.Config(kl_coef=0.5)))
     assert header.endswith("update norm  kl         seconds") and "kl" not in T.format_header(4)
     longer = default_run.default_run(tmp_path / "kl3", ["num_problems=3", "kl_coef=0.5"])
     want = json.loads((FIXTURE / "expected.json").read_text())["steps"]
@@ -805,7 +811,7 @@ def test_clip_higher_worked_numbers():
 
 def _group_of(tokens, cut):
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
-    return T.Group(["x"] * 4, [(1.0, "1", "correct")] * 4, tokens, cut, rewards, T.equal_rewards(rewards))
+    return T.Group(["x"] * 4, [T.Score(1.0, "1", "correct")] * 4, tokens, cut, rewards, T.equal_rewards(rewards))
 
 
 def test_loss_terms_carry_the_settings_clip_range_and_mask(tiny_model):
@@ -867,9 +873,9 @@ def test_a_masked_response_adds_no_kl_and_the_kl_figure_counts_kept_tokens(tiny_
     prompt, responses = _group()
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     adv = advantages(rewards)
-    group = T.Group([""] * 4, [(0.0, None, "wrong")] * 4, list(LENGTHS), [False, True, False, True], rewards, False)
+    group = T.Group([""] * 4, [T.Score(0.0, None, "wrong")] * 4, list(LENGTHS), [False, True, False, True], rewards, False)
     t = _pass_trainer(model, ref, kl_coef=beta, loss_aggregation="token_mean", mask_truncated_completions=True)
-    done = T.backpropagate_group(1, prompt, responses, group, adv, t)
+    done = _backpropagate(prompt, responses, group, adv, t)
     figures = T.epoch_figures(1, [done], 0.0, 0.0, [SimpleNamespace(group=group)], t.cfg)
     got = _flat([p.grad.clone() for p in params])
     model.zero_grad(set_to_none=True)
@@ -950,7 +956,7 @@ def test_bad_clip_higher_and_mask_settings_are_one_line_and_exit_2(tiny_model_di
 def test_the_kl_and_clipped_figures_count_only_the_tokens_the_loss_keeps():
     """epoch_figures: with mask_truncated_completions the per-token means divide by the kept
     responses' tokens (4 + 5 = 9 here), as the loss does; without it by all 14."""
-    group = T.Group([""] * 4, [(0.0, None, "wrong")] * 4, [4, 2, 5, 3], [False, True, False, True],
+    group = T.Group([""] * 4, [T.Score(0.0, None, "wrong")] * 4, [4, 2, 5, 3], [False, True, False, True],
                     torch.tensor([1.0, 0.0, 1.0, 0.0]), False)
     done = T.Pass(loss=0.5, seq_log_probs=[0.0] * 4, kl=1.8, clipped=3.0)
     for mask, tokens in ((True, 9), (False, 14)):

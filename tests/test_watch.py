@@ -31,7 +31,7 @@ def _parity_rewards(monkeypatch):
     """Odd-length responses score 1: groups with reward variance, so the steps train."""
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [verdict(len(t) % 2 == 1) for t in texts])
     monkeypatch.setattr(T, "score_responses", lambda scorer, texts, golds: [
-        (float(len(t) % 2 == 1), None, "wrong") for t in texts])
+        T.Score(float(len(t) % 2 == 1), None, "wrong") for t in texts])
 
 
 @pytest.fixture(scope="module")
@@ -410,7 +410,7 @@ def test_wandb_takes_the_users_project_and_dir_else_rlvr_and_output_dir(tmp_path
         monkeypatch.setenv("WANDB_PROJECT", "my-project")
         monkeypatch.setenv("WANDB_DIR", str(tmp_path / "my-wandb"))
     out = tmp_path / "run"
-    w = T.open_watch(T.Config(report_to="wandb", output_dir=str(out)), out, 0, 3, None)
+    w = T.open_watch(T.Config(report_to="wandb", output_dir=str(out)), out, 0, 3, {})
     w.bar.close()
     assert len(calls) == 1 and w.wandb.id == "run-id"
     want = ("my-project", str(tmp_path / "my-wandb")) if users else ("rlvr", str(out))
