@@ -40,6 +40,8 @@ class Credit:
     values: list[list[float]]             # per response of the group: V at each segment's start, then at its end
     entropy_mask: list[list[int]] | None  # per response of the group: 1 where the mask keeps the policy term
     generated: int                        # tokens sampled for the step: the group's, continuations and branches
+    verdicts: list[list[bool | None]] | None = None  # credit=steps: per response, each line's (True/False/None)
+    failed: int = 0                       # credit=steps: the responses whose check failed (their lines: None)
 
     def weights(self, rows) -> list[torch.Tensor]:
         """The loss's A_it of the responses in rows: the token advantages times the entropy mask (float32)."""
@@ -168,6 +170,87 @@ def scale_changes(changes: list[torch.Tensor], trained: list[torch.Tensor] | Non
         spread = every.std(unbiased=True) if len(every) > 1 else every.new_zeros(())
         changes = [(c - every.mean()) / (spread + std_eps) for c in changes]
     return changes if trained is None else [c * m for c, m in zip(changes, trained)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Checked steps (credit=steps): a verifiable task checks each line itself, at no cost in tokens
+
+def token_lines(pieces: list[str]) -> list[int]:
+    """The line of each token, the pieces being the tokens' texts: the line its first character is in, a line's
+    closing newline belonging to it (so a token is in line k when the pieces before it hold k newlines)."""
+    lines, k = [], 0
+    for piece in pieces:
+        lines.append(k)
+        k += piece.count("\n")
+    return lines
+
+
+def line_starts(token_line: list[int]) -> list[int]:
+    """The token where each line that holds a token starts (the segments rollouts.jsonl records)."""
+    return [t for t, k in enumerate(token_line) if t == 0 or k != token_line[t - 1]]
+
+
+def step_terms(verdicts: list[list[bool | None]], std_eps: float) -> list[list[float]]:
+    """credit=steps (step_mode add): per response and line k, the step's own advantage before step_weight. Among the
+    group's responses whose checked lines before k are all right and whose line k has a verdict, the verdicts (1
+    right, 0 wrong) are standardized as the spec standardizes rewards, (v - mean) / (sample std + std_eps); one
+    response or equal verdicts: 0, as a zero-variance group's. An unknown line (None), and every line after a
+    response's first wrong one, get 0. So a group whose responses all end wrong but differ at line k has a gradient
+    on line k: the right line up, the wrong one down (the spec's credit has none there)."""
+    terms = [[0.0] * len(v) for v in verdicts]
+    for k in range(max(map(len, verdicts), default=0)):
+        who = [i for i, v in enumerate(verdicts) if k < len(v) and v[k] is not None and False not in v[:k]]
+        v = torch.tensor([float(verdicts[i][k]) for i in who], dtype=torch.float32)
+        if len(who) < 2 or bool((v == v[0]).all()):
+            continue
+        z = (v - v.mean()) / (v.std(unbiased=True) + std_eps)
+        for i, x in zip(who, z.tolist()):
+            terms[i][k] = x
+    return terms
+
+
+def first_wrong_line(verdicts: list[bool | None]) -> int | None:
+    """The index of a response's first line the checker found wrong (None: no wrong line)."""
+    return next((k for k, v in enumerate(verdicts) if v is False), None)
+
+
+def checked_step_advantages(mode: str, advantages: torch.Tensor, token_line: list[list[int]],
+                            verdicts: list[list[bool | None]], step_weight: float, std_eps: float
+                            ) -> tuple[list[torch.Tensor], list[list[float]]]:
+    """Each token's advantage from its line's verdicts, and per response the term each line adds (recorded):
+      add (default)   A_it = A_i + step_weight * z_ik, z_ik line k's standardized verdict (step_terms); the first
+                      credit from checked steps that needs neither a learned reward model (PRIME, 2502.01456) nor
+                      sampled values (VinePPO, SPO): the verdicts are exact
+      first_error     A_it = A_i, except in a response with A_i < 0 and a line found wrong: its lines before the
+                      first wrong one (the verified prefix) get 0, not A_i; the penalty starts at the error.
+                      VPPO's split (2601.18984: a wrong response's verified prefix rewarded, the penalty only from
+                      the first error on), here with the group's own A_i and no reward of its own for the prefix
+    Every token of a response is in a line (token_lines), its EOS included."""
+    if mode == "first_error":
+        terms, out = [[0.0] * len(v) for v in verdicts], []
+        for i, (lines, v) in enumerate(zip(token_line, verdicts)):
+            first, a = first_wrong_line(v), advantages[i].expand(len(lines)).clone()
+            if first is not None and float(advantages[i]) < 0:
+                a[torch.tensor(lines) < first] = 0.0
+                terms[i][:first] = [-float(advantages[i])] * first
+            out.append(a)
+        return out, terms
+    terms = [[step_weight * x for x in t] for t in step_terms(verdicts, std_eps)]
+    out = [advantages[i].expand(len(lines)) + torch.tensor([t[k] if k < len(t) else 0.0 for k in lines],
+                                                           dtype=torch.float32)
+           for i, (lines, t) in enumerate(zip(token_line, terms))]
+    return out, terms
+
+
+def assign_steps(mode: str, advantages: torch.Tensor, token_line: list[list[int]],
+                 verdicts: list[list[bool | None]], step_weight: float, std_eps: float,
+                 entropies: list[list[float]] | None, quantile: float, generated: int, failed: int = 0) -> Credit:
+    """The group's Credit with credit=steps: the token advantages of checked_step_advantages, each response's line
+    starts as its segments, each line's added term as its values, the verdicts kept for rollouts.jsonl."""
+    token_advantages, terms = checked_step_advantages(mode, advantages, token_line, verdicts, step_weight, std_eps)
+    masks = entropy_masks(entropies, quantile)
+    return Credit([a.tolist() for a in token_advantages], [line_starts(t) for t in token_line], terms,
+                  None if masks is None else [m.int().tolist() for m in masks], generated, verdicts, failed)
 
 
 # ----------------------------------------------------------------------------------------------

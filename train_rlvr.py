@@ -114,13 +114,16 @@ class Config:
     clip_eps_high: float = 0.0  # DAPO's clip-higher: the ratio's upper bound is 1 + clip_eps_high (0: clip_eps)
     mask_truncated_completions: bool = False  # TRL's: a response cut at max_new_tokens has no term in the loss
     # which tokens earn the credit (docs/variants.md, "Credit"); each default is the spec's: one A_i per response
-    credit: str = "sequence"  # sequence (the spec), monte_carlo (VinePPO, SPO-chain) or tree (SPO-tree, TreeRPO)
+    credit: str = "sequence"  # sequence (the spec), monte_carlo (VinePPO, SPO-chain), tree (SPO-tree), steps (checked)
     credit_segment_tokens: int = 32  # a segment's most tokens (cut at a line or sentence end where there is one)
     credit_samples: int = 4  # monte_carlo: continuations sampled at each cut
     credit_scale: str = "auto"  # a change of value as an advantage: auto (the method's paper), raw, group, whiten
     tree_branching: str = "2,2,2"  # tree: the branches at each level, whose product is group_size
     tree_weighting: str = "leaf"  # tree: leaf (every leaf trains its whole path: unbiased) or once (a node once)
     top_entropy_quantile: float = 1.0  # TRL's: the policy term only on the group's highest-entropy tokens (1: all)
+    step_checker: str = "arithmetic"  # steps: arithmetic (built in) or path/to/file.py:name, called as name(lines, record)
+    step_weight: float = 1.0  # steps: line k's tokens add step_weight x its standardized verdict (step_mode add)
+    step_mode: str = "add"  # steps: add (standardized verdicts added to A_i) or first_error (VPPO's verified prefix)
     token_report: bool = False
     seed: int = 0
     device: str = "cuda"
@@ -409,6 +412,10 @@ def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Ten
     cfg = t.cfg
     if cfg.credit == "sequence" and cfg.top_entropy_quantile >= 1:
         return None
+    if cfg.credit == "steps":  # each line's verdict from the step checker (checked_lines), no sampling
+        token_line, verdicts, failed = checked_lines(step, responses, group, problem, t)
+        return credit.assign_steps(cfg.step_mode, advantages, token_line, verdicts, cfg.step_weight, cfg.std_eps,
+                                   group.entropies, cfg.top_entropy_quantile, sum(group.tokens), failed)
     starts, values, trained, generated = method_values(step, prompt_ids, responses, group, problem, t)
     return credit.assign(cfg.credit, credit.scale_of(cfg.credit, cfg.credit_scale), group.rewards,
                          group.zero_variance, advantages, group.tokens, starts, values, trained, cfg.std_eps,
@@ -874,6 +881,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
         try:
             with open_scorer(cfg) as t.scorer:
                 try_reward_function(t.scorer, s.problems[0], cfg)
+                try_step_checker(t.scorer, s.problems[0], cfg)
                 begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
                 s.eval_log = on_rank0(read_eval_log, s.out, s.resumed.get("eval_steps_done"), s.steps)
                 say(format_header(cfg.group_size * cfg.problems_per_step, s.extras))
@@ -984,7 +992,11 @@ LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  
 
 ZERO_VARIANCES = ("step", "skip", "resample")                                 # see step_or_skip, draw_groups
 
-CREDITS = ("sequence", "monte_carlo", "tree")                                 # see assign_credit
+CREDITS = ("sequence", "monte_carlo", "tree", "steps")                        # see assign_credit
+
+STEP_MODES = ("add", "first_error")                                           # see credit.checked_step_advantages
+
+SAMPLED_CREDIT = ("monte_carlo", "tree")  # the credits that sample more than the group (generated_tokens counts it)
 
 CREDIT_SCALES = ("auto", "raw", "group", "whiten")                            # see scale_changes
 
@@ -1057,8 +1069,11 @@ class ConfigLoader(yaml.SafeLoader):
 ACTS_ONLY_WITH = [
     ("tree_branching", lambda c: c.credit == "tree", "credit=tree"),
     ("credit_samples", lambda c: c.credit == "monte_carlo", "credit=monte_carlo"),
-    ("credit_segment_tokens", lambda c: c.credit != "sequence", "credit=monte_carlo or credit=tree"),
-    ("credit_scale", lambda c: c.credit != "sequence", "credit=monte_carlo or credit=tree"),
+    ("credit_segment_tokens", lambda c: c.credit in ("monte_carlo", "tree"), "credit=monte_carlo or credit=tree"),
+    ("credit_scale", lambda c: c.credit in ("monte_carlo", "tree"), "credit=monte_carlo or credit=tree"),
+    ("step_checker", lambda c: c.credit == "steps", "credit=steps"),
+    ("step_mode", lambda c: c.credit == "steps", "credit=steps"),
+    ("step_weight", lambda c: c.credit == "steps" and c.step_mode == "add", "credit=steps, step_mode=add"),
     ("tree_weighting", lambda c: c.credit == "tree", "credit=tree"),
     ("resample_limit", lambda c: c.zero_variance == "resample", "zero_variance=resample"),
     ("clip_eps", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
@@ -1170,7 +1185,22 @@ def step_checks(cfg: Config) -> list[tuple[str, bool, str]]:
         ("tree_branching", cfg.credit != "tree" or math.prod(tree_levels(cfg.tree_branching) or [0]) == cfg.group_size,
          f"integers >= 2 separated by commas whose product is group_size {cfg.group_size} (e.g. 2,2,2 for 8)"),
         ("top_entropy_quantile", 0 < cfg.top_entropy_quantile <= 1, "a number in (0, 1] (1: every token)"),
+        *checker_checks(cfg),
     ]
+
+
+def checker_checks(cfg: Config) -> list[tuple[str, bool, str]]:
+    """credit=steps' settings, in validate_config's (key, ok, what it must be) form."""
+    path, _, name = cfg.step_checker.rpartition(":")
+    user = cfg.step_checker != "arithmetic"
+    return [("step_checker", not user or (path.endswith(".py") and name.isidentifier()),
+             "arithmetic (built in) or path/to/file.py:function_name (called as name(lines, record) -> a verdict per "
+             "line: True, False or None)"),
+            ("step_checker", not user or cfg.credit != "steps" or Path(path).expanduser().is_file(),
+             f"an existing file: {path} is not one"),
+            ("step_weight", math.isfinite(cfg.step_weight) and 0 <= cfg.step_weight <= 1e6,
+             "a number in [0, 1e6] (0: the spec's credit)"),
+            ("step_mode", cfg.step_mode in STEP_MODES, "one of " + ", ".join(STEP_MODES))]
 
 
 def run_checks(cfg: Config) -> list[tuple[str, bool, str]]:
@@ -2308,8 +2338,34 @@ def compiled_tolerance(scale: float, bf16: bool) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# The credit methods' sampling
+# The credit methods' sampling and the step checker
 # (their formulas are credit.py's)
+
+def checked_lines(step: int, responses: list[torch.Tensor], group: Group, problem: dict, t: Trainer
+                  ) -> tuple[list[list[int]], list[list[bool | None]], int]:
+    """credit=steps: each response's token lines (credit.token_lines: the line a token's first character is in)
+    and the step checker's verdict for every line of its text (True, False or None), from this rank's responses,
+    gathered from every rank; and how many responses' checks failed. The checker runs in the verifier's worker
+    under verifier_timeout (open_scorer); a hang, an exception or a result that is not a verdict per line leaves
+    that response's lines unknown, counted (metrics.jsonl's step_checker_failures) and said once a run."""
+    mine, failed, checked = rank_share(t.cfg.group_size), 0, []
+    token_line = [credit.token_lines([t.tokenizer.decode([i]) for i in r.tolist()]) for r in responses]
+    with agreed("credit", step, cfg=t.cfg):
+        for i in mine:
+            check_stop(local=True)  # between two calls, as the rewards' scoring
+            lines = group.texts[i].split("\n")
+            verdicts, status = t.scorer.check_steps(lines, problem.get("record") or {})
+            if verdicts is None:
+                failed += 1
+                warn_once(t, "step checker failed", f"warning: step {step}: step_checker {t.cfg.step_checker} "
+                          f"{'did not return within verifier_timeout' if status == 'timeout' else 'failed'} on "
+                          f"rollout {i}: {t.scorer.last_error} (its lines count as unknown; said once a run, each "
+                          "failure is counted: metrics.jsonl's step_checker_failures)")
+                verdicts = [None] * len(lines)
+            checked.append(verdicts)
+    shares = gather_objects((token_line, checked, failed))
+    return [x for s in shares for x in s[0]], [x for s in shares for x in s[1]], sum(s[2] for s in shares)
+
 
 def method_values(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group, problem: dict,
                   t: Trainer) -> tuple[list[list[int]], list[list[float]], list | None, int]:
@@ -2510,11 +2566,14 @@ def reward_file(cfg: Config) -> tuple[str, str] | None:
 def open_scorer(cfg: Config):
     """The run's TimedVerifier, its worker started (with a reward_function, its file imported there, within
     verifier_timeout: an import that raises, hangs or exits is one line)."""
-    scorer = verifier.TimedVerifier(timeout_s=cfg.verifier_timeout, reward_function=reward_file(cfg))
+    scorer = verifier.TimedVerifier(timeout_s=cfg.verifier_timeout, reward_function=reward_file(cfg),
+                                    step_checker=step_checker_spec(cfg))
     try:
         scorer.__enter__()
-    except verifier.RewardFunctionError as e:
-        raise SharedError(reward_function_unusable(cfg, f"failed: {e} (importing it)"))
+    except verifier.RewardFunctionError as e:  # which file: the worker says (None: an import that hung)
+        checker = e.which == "step_checker" or e.which is None and not cfg.reward_function
+        raise SharedError((step_checker_unusable if checker else reward_function_unusable)(
+            cfg, f"failed: {e} (importing it)"))
     try:
         yield scorer
     finally:
@@ -2528,10 +2587,36 @@ def try_reward_function(scorer: verifier.TimedVerifier, problem: dict, cfg: Conf
     if not cfg.reward_function:
         return
     result = scorer.score(f"\\boxed{{{problem['answer']}}}", problem["answer"], problem["record"])
-    if len(result) < 4:
+    if result[2] in FAILED:
         why = (f"did not return within verifier_timeout {cfg.verifier_timeout:g} s" if result[2] == "timeout"
                else f"failed: {scorer.last_error}")
         raise UserError(reward_function_unusable(cfg, f"{why} (a trial call on dataset record {problem['index']})"))
+
+
+def step_checker_spec(cfg: Config) -> str | tuple[str, str] | None:
+    """credit=steps' step checker for the verifier's worker: "arithmetic", or a user's (absolute path, name)."""
+    if cfg.credit != "steps":
+        return None
+    path, _, name = cfg.step_checker.rpartition(":")
+    return "arithmetic" if cfg.step_checker == "arithmetic" else (str(Path(path).expanduser().resolve()), name)
+
+
+def try_step_checker(scorer: verifier.TimedVerifier, problem: dict, cfg: Config) -> None:
+    """A trial call of the step checker on the first record (two lines), before step 1: an exception, a hang or a
+    result that is not a verdict per line is one line, not a run whose every line is unknown."""
+    if cfg.credit != "steps":
+        return
+    verdicts, status = scorer.check_steps(["1 + 1 = 2", f"So the answer is \\boxed{{{problem['answer']}}}."],
+                                          problem.get("record") or {})
+    if verdicts is None:
+        why = (f"did not return within verifier_timeout {cfg.verifier_timeout:g} s" if status == "timeout"
+               else f"failed: {scorer.last_error}")
+        raise UserError(step_checker_unusable(cfg, f"{why} (a trial call on dataset record {problem['index']})"))
+
+
+def step_checker_unusable(cfg: Config, why: str) -> str:
+    return (f"step_checker {cfg.step_checker} {why}; fix it: it is called as name(lines: list[str], record: dict) "
+            "and returns a list with a verdict per line (True, False or None)")
 
 
 def reward_function_unusable(cfg: Config, why: str) -> str:
@@ -2673,9 +2758,11 @@ def step_report(step: int, slots: list[Slot], cfg: Config, epochs: list[dict], c
         metrics["problems_drawn"] = len(set_aside) + len(slots)
     if cfg.zero_variance == "resample":
         metrics["set_aside"] = [dict(problem_index=p["index"], **group_figures(cfg, g)) for p, g in set_aside]
-    if cfg.credit != "sequence":  # what the credit cost: the groups' tokens and their continuations or branches
+    if cfg.credit in SAMPLED_CREDIT:  # what the credit cost: the groups' tokens and their continuations or branches
         metrics["generated_tokens"] = sum(s.credit.generated for s in slots) + sum(
             g.tree.generated if g.tree else sum(g.tokens) for _, g in set_aside)
+    if cfg.credit == "steps":
+        metrics.update(line_figures([s.credit for s in slots]))
     metrics["timings"] = clock.timings
     rollouts, tokens = [], []
     for s in slots:
@@ -2695,15 +2782,29 @@ def slot_rollouts(step: int, s: Slot, cfg: Config) -> list[dict]:
     """The trained group's rollouts.jsonl lines, with credit its segments, values and token advantages."""
     mine = group_rollouts(step, s.problem, cfg, s.group, s.advantages, s.first.seq_log_probs)
     for i, r in enumerate(mine if s.credit is not None else []):
-        if cfg.credit != "sequence":
+        if cfg.credit != "sequence":  # steps: the lines' first tokens, the term each line adds, each line's verdict
             r.update(segments=s.credit.segments[i], values=s.credit.values[i],
                      token_advantages=s.credit.token_advantages[i])
+        if s.credit.verdicts is not None:
+            r["line_verdicts"] = s.credit.verdicts[i]
         if s.credit.entropy_mask is not None:
             r["entropy_mask"] = s.credit.entropy_mask[i]
     return mine
 
 
 TABLE_FIGURES = ("group_size", "correct", "reward_mean", "reward_std", "response_tokens")  # before the loss
+
+
+def line_figures(credits: list) -> dict:
+    """credit=steps: the step's lines the checker found right, wrong or could not check (unknown), the lines
+    checked (right + wrong), the share of responses with no checked line (a policy that learns to write no
+    checkable line games the checker: this shows it) and the responses whose check failed."""
+    verdicts = [v for c in credits for v in c.verdicts]
+    right, wrong = (sum(line is x for v in verdicts for line in v) for x in (True, False))
+    every = sum(len(v) for v in verdicts)
+    return dict(lines_checked=right + wrong, lines_right=right, lines_wrong=wrong, lines_unknown=every - right - wrong,
+                responses_unchecked=sum(all(line is None for line in v) for v in verdicts) / len(verdicts),
+                step_checker_failures=sum(c.failed for c in credits))
 
 
 def group_figures(cfg, group: Group) -> dict:
@@ -2803,7 +2904,8 @@ COLUMNS = [("step", 6), ("correct/{G}", 11), ("reward mean", 13), ("sample std",
 
 
 # Shown only when their variant is on, before the seconds: the spec's table stays as it is.
-EXTRA_COLUMNS = [("epoch", 7), ("clipped", 9), ("kl", 11), ("generated", 11), ("problems", 10)]
+EXTRA_COLUMNS = [("epoch", 7), ("clipped", 9), ("kl", 11), ("generated", 11), ("lines r/w/?", 13),
+                 ("problems", 10)]
 
 
 def table_columns(extras=()) -> list[tuple[str, int]]:
@@ -2813,10 +2915,12 @@ def table_columns(extras=()) -> list[tuple[str, int]]:
 def table_extras(cfg: Config) -> list[str]:
     """The extra columns of a run, decided once from its settings (run passes them to every row): the epoch and the
     clipped fraction with ppo_epochs > 1, the KL with kl_coef, the tokens generated for the step (continuations and
-    branches too) with a credit other than the spec's, the problems the step took with problems_per_step > 1 (then
-    correct/{P x G} counts the step's rollouts). None for the spec's run."""
+    branches too) with monte_carlo or tree, the lines the step checker found right, wrong and unknown with steps,
+    the problems the step took with problems_per_step > 1 (then correct/{P x G} counts the step's rollouts). None
+    for the spec's run."""
     return ((["epoch", "clipped"] if cfg.ppo_epochs > 1 else []) + (["kl"] if cfg.kl_coef else [])
-            + (["generated"] if cfg.credit != "sequence" else []) + (["problems"] if cfg.problems_per_step > 1 else []))
+            + (["generated"] if cfg.credit in SAMPLED_CREDIT else []) + (["lines r/w/?"] if cfg.credit == "steps" else [])
+            + (["problems"] if cfg.problems_per_step > 1 else []))
 
 
 def _row(cells: list[str], columns=COLUMNS) -> str:
@@ -2852,6 +2956,8 @@ def format_row(m: dict, extras=()) -> str:
             cells.append(f"{e['kl']:.3e}")
         if "generated" in extras:
             cells.append(f"{m['generated_tokens']:>5d}" if k == 0 else "")
+        if "lines r/w/?" in extras:  # credit=steps: the lines the checker found right, wrong, unknown
+            cells.append(f"{m['lines_right']}/{m['lines_wrong']}/{m['lines_unknown']}" if k == 0 else "")
         if "problems" in extras:
             cells.append(",".join(map(str, m["problems"])) if k == 0 else "")
         lines.append(_row(cells + [f"{m['seconds']:.1f}" if k == 0 else ""], columns))

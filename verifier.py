@@ -2322,13 +2322,83 @@ def reward(response, gold):
 
 # ----------------------------------------------------------------------------------------------
 # hard wall-clock safety net
+# ----------------------------------------------------------------------------------------------
+# Checked steps (credit: steps): a verdict per line of a response, True, False or None (unknown)
+
+MAX_STEP_LINE_CHARS = 300  # a longer line is unknown at once: no number in it is read
+_ARITHMETIC = {"n", "+", "*", "neg", "/"}  # the nodes a checked line may hold: numbers, + - * / ( ), \\frac
+
+
+def check_arithmetic(lines, record=None):
+    """The built-in step checker: a verdict per line (arithmetic_verdict). record is unused (the user's checkers
+    get the data set's record, e.g. the problem's numbers)."""
+    return [arithmetic_verdict(line) for line in lines]
+
+
+def arithmetic_verdict(line):
+    """A line that states `expression = number` (integers, decimals, fractions; + - * / and parentheses,
+    \\times, \\cdot, \\div, \\frac{a}{b}; $ or \\( \\) around it and a period after it are dropped) is True when
+    exact rational arithmetic agrees and False when it does not. Any other line (words, variables, no `=` or more
+    than one, a power, a root, a division by zero, more than MAX_STEP_LINE_CHARS characters) is None: unknown.
+    The answers' tokenizer and parser, with their bounds (MAX_TOKENS, MAX_NODES, MAX_DEPTH, MAX_LITERAL_DIGITS,
+    MAX_BITS): no text is run as code and no line can take long."""
+    if not isinstance(line, str) or len(line) > MAX_STEP_LINE_CHARS or _CTRL_RE.search(line):
+        return None
+    s = _strip_wrappers(line.strip())
+    s = s[:-1] if s.endswith(".") else s
+    sides = s.split("=")
+    if len(sides) != 2 or not all(side.strip() for side in sides):
+        return None
+    try:
+        left, right = (_parse(_tokenize(side)) for side in sides)
+        if not all(n[0] in _ARITHMETIC for n in _walk(left)) or not _a_number(right):
+            return None
+        a, b = _value(left, {}), _value(right, {})
+    except (_Refuse, _Undefined, ArithmeticError, RecursionError, ValueError):
+        return None
+    return a == b if isinstance(a, Fraction) and isinstance(b, Fraction) else None
+
+
+def _a_number(node):
+    """A number as written: an integer or decimal, a fraction of two (a/b, \\frac{a}{b}), with a sign or none."""
+    if node[0] == "neg":
+        node = node[1]
+    if node[0] == "/":
+        return node[1][0] == "n" and node[2][0] == "n"
+    return node[0] == "n"
+
+
+def load_step_checker(path, name):
+    """The function ``name`` of the Python file ``path`` (a user's step checker, run in the worker only), checked
+    to take (lines, record). Raises with a one-line reason."""
+    return _load_user_function(path, name, ("lines", {}), "(lines, record)", "rlvr_step_checker")
+
+
+def step_verdicts(value, n):
+    """A step checker's result as a list of n verdicts (True, False or None), else TypeError/ValueError (one line)."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"it returned {type(value).__name__}, not a list of verdicts")
+    if len(value) != n:
+        raise ValueError(f"it returned {len(value)} verdicts for {n} lines")
+    bad = next((v for v in value if v is not None and not isinstance(v, bool)), None)
+    if bad is not None:
+        raise TypeError(f"it returned {type(bad).__name__} {str(bad)[:40]!r} as a verdict, not True, False or None")
+    return list(value)
+
+
 def load_reward_function(path, name):
     """The function ``name`` of the Python file ``path`` (a user's own reward, run in the worker only),
     checked to take (response, answer, record). Raises with a one-line reason."""
+    return _load_user_function(path, name, ("response", "answer", {}), "(response, answer, record)",
+                               "rlvr_reward_function")
+
+
+def _load_user_function(path, name, example, call, module_name):
+    """The function ``name`` of the Python file ``path``, checked to take the arguments of `example`."""
     import importlib.util
     import inspect
 
-    spec = importlib.util.spec_from_file_location("rlvr_reward_function", path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"{path} cannot be imported as a Python file")
     # as `python path` would: the file's folder first on the import path, so a module beside it imports
@@ -2339,9 +2409,9 @@ def load_reward_function(path, name):
     if not callable(fn):
         raise AttributeError(f"{path} has no function {name!r}")
     try:
-        inspect.signature(fn).bind("response", "answer", {})
+        inspect.signature(fn).bind(*example)
     except (TypeError, ValueError):
-        raise TypeError(f"{name}{inspect.signature(fn)} cannot be called as {name}(response, answer, record)") from None
+        raise TypeError(f"{name}{inspect.signature(fn)} cannot be called as {name}{call}") from None
     return fn
 
 
@@ -2356,7 +2426,7 @@ def reward_value(value):
     return float(value)
 
 
-def _worker_main(conn, score_fn, reward_function=None):
+def _worker_main(conn, score_fn, reward_function=None, step_checker=None):
     # Ctrl-C in a terminal reaches the whole process group; the parent decides when to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The parent's stdout is its table (for reading and for parsers): what a reward function prints goes to stderr.
@@ -2366,14 +2436,18 @@ def _worker_main(conn, score_fn, reward_function=None):
         conn.send(("ready", None))
     except Exception:
         return
-    user = None
-    if reward_function is not None:  # loaded once, within the parent's time limit (_start waits for "loaded")
+    user, checker = None, check_arithmetic if step_checker == "arithmetic" else None
+    if _user_files(reward_function, step_checker):  # loaded once, within the parent's time limit ("loaded")
+        which = None
         try:
-            user = load_reward_function(*reward_function)
+            if reward_function is not None:
+                which, user = "reward_function", load_reward_function(*reward_function)
+            if isinstance(step_checker, tuple):
+                which, checker = "step_checker", load_step_checker(*step_checker)
             conn.send(("loaded", None))
         except BaseException as exc:
             try:
-                conn.send(("loaded", _failure(exc)))
+                conn.send(("loaded", (which, _failure(exc))))
             except Exception:
                 pass
             return
@@ -2385,15 +2459,23 @@ def _worker_main(conn, score_fn, reward_function=None):
         if msg is None:
             return
         try:
-            out = score_fn(msg[0], msg[1])
-            if len(msg) > 2:  # with a record: the user's reward function too, within the same time limit
-                out = (*out, reward_value(user(msg[0], msg[1], msg[2])))
+            if isinstance(msg, dict):  # a response's lines for the step checker (check_steps)
+                out = step_verdicts(checker(msg["lines"], msg["record"]), len(msg["lines"]))
+            else:
+                out = score_fn(msg[0], msg[1])
+                if len(msg) > 2:  # with a record: the user's reward function too, within the same time limit
+                    out = (*out, reward_value(user(msg[0], msg[1], msg[2])))
             conn.send(("ok", out))
         except BaseException as exc:  # report any failure of score_fn as a crash
             try:
                 conn.send(("err", _failure(exc)))
             except Exception:
                 return
+
+
+def _user_files(reward_function, step_checker):
+    """The user's files the worker imports at its start: a reward function's, a step checker's."""
+    return [f for f in (reward_function, step_checker) if isinstance(f, tuple)]
 
 
 def _die_with_parent(parent_pid):
@@ -2407,7 +2489,12 @@ def _die_with_parent(parent_pid):
 
 
 class RewardFunctionError(Exception):
-    """The reward function could not be loaded in the worker (raised by TimedVerifier's start): one line."""
+    """A user's file could not be loaded in the worker (raised by TimedVerifier's start): one line. which: the
+    reward_function's or the step_checker's (None: the import hung or exited, whichever file it was in)."""
+
+    def __init__(self, message, which=None):
+        super().__init__(message)
+        self.which = which
 
 
 def _failure(exc):
@@ -2430,13 +2517,17 @@ class TimedVerifier:
     record) under the same time limit and returns its number as a fourth item. A hang, an exception, a
     result that is not a finite number: (0.0, None, "timeout" / "crash"), counted, as for the verifier.
     The file is imported when the worker starts, within timeout_s too: an import that raises, hangs or
-    exits makes the start raise RewardFunctionError (one line), and a score() that had to start one a crash."""
+    exits makes the start raise RewardFunctionError (one line), and a score() that had to start one a crash.
+
+    ``step_checker``: "arithmetic" (check_arithmetic) or (path, name) of a user's step checker, loaded in the worker
+    as a reward function is; ``check_steps(lines, record)`` returns its verdicts under the same time limit."""
 
     def __init__(self, timeout_s: float = 2.0, score_fn=score, startup_timeout_s: float = 120.0,
-                 reward_function: tuple[str, str] | None = None):
+                 reward_function: tuple[str, str] | None = None, step_checker: str | tuple[str, str] | None = None):
         self.timeout_s = float(timeout_s)
         self.score_fn = score_fn
         self.reward_function = reward_function
+        self.step_checker = step_checker
         self.last_error = None
         self.startup_timeout_s = float(startup_timeout_s)
         self._ctx = multiprocessing.get_context("spawn")
@@ -2450,7 +2541,8 @@ class TimedVerifier:
 
     def _start(self):
         parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.score_fn, self.reward_function),
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.score_fn, self.reward_function,
+                                                            self.step_checker),
                                  daemon=True, name="rlvr-verifier-worker")
         proc.start()
         child.close()
@@ -2460,7 +2552,7 @@ class TimedVerifier:
                 raise RuntimeError("verifier worker did not start")
             if parent.recv() != ("ready", None):
                 raise RuntimeError("verifier worker sent an unexpected message")
-            if self.reward_function is not None:
+            if _user_files(self.reward_function, self.step_checker):
                 self._wait_loaded(parent)
         except BaseException:
             self._proc, self._conn = proc, parent
@@ -2469,9 +2561,10 @@ class TimedVerifier:
         self._proc, self._conn = proc, parent
 
     def _wait_loaded(self, conn):
-        """The reward function's file imported and its function found within timeout_s, else RewardFunctionError:
-        an exception, a hang or an exit (os._exit, a crash) at import is one line, not a stuck start."""
-        path = self.reward_function[0]
+        """The user's files (reward function, step checker) imported and their functions found within timeout_s, else
+        RewardFunctionError: an exception, a hang or an exit (os._exit, a crash) at import is one line, not a stuck
+        start."""
+        path = " and ".join(f[0] for f in _user_files(self.reward_function, self.step_checker))
         if not conn.poll(self.timeout_s):
             raise RewardFunctionError(f"{path} did not finish importing within {self.timeout_s:g} s (the verifier's "
                                       "time limit; work done at module level counts)")
@@ -2481,7 +2574,7 @@ class TimedVerifier:
             raise RewardFunctionError(f"the worker exited while importing {path} (an exit or a crash at module "
                                       "level)") from None
         if error is not None:
-            raise RewardFunctionError(error)
+            raise RewardFunctionError(error[1], error[0])
 
     def _stop(self):
         proc, conn = self._proc, self._conn
@@ -2496,10 +2589,9 @@ class TimedVerifier:
             except Exception:
                 pass
 
-    def score(self, response, gold, record=None):
-        user = record is not None and self.reward_function is not None
-        if not isinstance(response, str) or not isinstance(gold, str):
-            return score(response, gold) + ((0.0,) if user else ())  # trivially bounded; no odd objects pickled
+    def _request(self, msg):
+        """One call in the worker under the time limit: ("ok", its result), or ("timeout" / "crash", None) with
+        last_error set and counted (a worker that hung is killed; the next call starts a new one)."""
         with self._lock:
             self.n_calls += 1
             try:
@@ -2507,28 +2599,46 @@ class TimedVerifier:
                     if self._proc is not None:
                         self._stop()
                     self._start()
-                self._conn.send((response, gold, record) if user else (response, gold))
+                self._conn.send(msg)
             except Exception as exc:
                 self._stop()
                 self.n_crashes += 1
                 self.last_error = str(exc) if isinstance(exc, RewardFunctionError) else _failure(exc)
-                return (0.0, None, "crash")
+                return "crash", None
             if not self._conn.poll(self.timeout_s):
                 self._stop()
                 self.n_timeouts += 1
                 self.last_error = f"no result within {self.timeout_s:g} s"
-                return (0.0, None, "timeout")
+                return "timeout", None
             try:
                 kind, out = self._conn.recv()
             except Exception:
                 self._stop()
                 self.n_crashes += 1
                 self.last_error = "the worker stopped"
-                return (0.0, None, "crash")
+                return "crash", None
             if kind != "ok":
                 self.n_crashes += 1
                 self.last_error = str(out)
-                return (0.0, None, "crash")
+                return "crash", None
+            return "ok", out
+
+    def check_steps(self, lines, record=None):
+        """The step checker's verdicts for a response's lines (True, False or None each): (verdicts, "ok"), or
+        (None, "timeout" / "crash") with last_error, counted like the verifier's: a hang, an exception, a result
+        that is not a list of len(lines) verdicts."""
+        lines = [line if isinstance(line, str) else str(line) for line in lines]
+        status, out = self._request({"lines": lines, "record": record})
+        return (out, "ok") if status == "ok" else (None, status)
+
+    def score(self, response, gold, record=None):
+        user = record is not None and self.reward_function is not None
+        if not isinstance(response, str) or not isinstance(gold, str):
+            return score(response, gold) + ((0.0,) if user else ())  # trivially bounded; no odd objects pickled
+        kind, out = self._request((response, gold, record) if user else (response, gold))
+        if kind != "ok":
+            return (0.0, None, kind)
+        with self._lock:
             try:
                 r, ans, status, *value = out
                 r = 1.0 if float(r) == 1.0 else 0.0

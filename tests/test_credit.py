@@ -608,7 +608,7 @@ def test_monte_carlo_credits_a_right_first_line_in_an_all_wrong_group(monkeypatc
 
 
 @pytest.mark.parametrize("setting, message", [
-    ("credit=vine", "config key 'credit' must be one of sequence, monte_carlo, tree, got 'vine'"),
+    ("credit=vine", "config key 'credit' must be one of sequence, monte_carlo, tree, steps, got 'vine'"),
     ("credit_samples=0", "config key 'credit_samples' must be an integer in [1, 256]"),
     ("credit_segment_tokens=0", "config key 'credit_segment_tokens' must be an integer in [1, 1048576]"),
     ("tree_branching=3,3", "config key 'tree_branching' must be integers >= 2 separated by commas whose product is "

@@ -304,7 +304,10 @@ def test_kl_ppo_resample_and_token_report_give_the_one_process_run_on_two_proces
 
 CREDITS = {"monte_carlo": ["credit=monte_carlo", "credit_segment_tokens=2", "credit_samples=2",
                            "top_entropy_quantile=0.5"],
-           "tree": ["credit=tree", "tree_branching=2,2", "credit_segment_tokens=3", "top_entropy_quantile=0.5"]}
+           "tree": ["credit=tree", "tree_branching=2,2", "credit_segment_tokens=3", "top_entropy_quantile=0.5"],
+           # each line's verdict from its length (tests/step_checkers.py): the same whichever rank checks it
+           "steps": ["credit=steps", f"step_checker={ROOT / 'tests' / 'step_checkers.py'}:by_length",
+                     "max_new_tokens=12"]}
 
 
 @pytest.fixture(scope="module")
@@ -319,7 +322,8 @@ def credit_one_process(tiny_model_dir, tiny_data_file, tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("credit, sharding", [("monte_carlo", "replicate"), ("tree", "fsdp")])
+@pytest.mark.parametrize("credit, sharding", [("monte_carlo", "replicate"), ("tree", "fsdp"), ("steps", "replicate"),
+                                              ("steps", "fsdp")])
 def test_each_credit_gives_the_one_process_run_on_two_processes(credit_one_process, tiny_model_dir, tiny_data_file,
                                                                 tmp_path, credit, sharding):
     """Continuations and branches draw from streams keyed by (seed, draw, rollout, cut, sample) or the node's
@@ -333,11 +337,12 @@ def test_each_credit_gives_the_one_process_run_on_two_processes(credit_one_proce
                                         {"text_rewards": True})
     assert code == 0, stderr[-3000:]
     a, b = _jsonl(credit_one_process[credit] / "rollouts.jsonl"), _jsonl(out / "rollouts.jsonl")
-    keys = ("step", "rollout", "response", "reward", "advantage", "tokens", "segments", "values", "entropy_mask")
-    assert [tuple(r[k] for k in keys) for r in a] == [tuple(r[k] for k in keys) for r in b]
+    keys = ("step", "rollout", "response", "reward", "advantage", "tokens", "segments", "values", "entropy_mask",
+            "line_verdicts")
+    assert [tuple(r.get(k) for k in keys) for r in a] == [tuple(r.get(k) for k in keys) for r in b]
     assert max(abs(u - v) for x, y in zip(a, b) for u, v in zip(x["token_advantages"], y["token_advantages"])) <= 1e-6
-    assert any(v != r["values"][0] for r in a for v in r["values"][1:])  # some credit to compare
+    assert any(x != r["advantage"] for r in a for x in r["token_advantages"])  # some credit of its own to compare
     for x, y in zip(_jsonl(credit_one_process[credit] / "metrics.jsonl"), _jsonl(out / "metrics.jsonl")):
-        assert x["generated_tokens"] == y["generated_tokens"]
+        assert x.get("generated_tokens") == y.get("generated_tokens") and x.get("lines_right") == y.get("lines_right")
         for key in ("policy_loss", "grad_norm", "update_norm"):
             assert abs(x[key] - y[key]) <= 1e-5 * max(1.0, abs(x[key])), (key, x[key], y[key])

@@ -1,0 +1,29 @@
+"""Step checkers the tests pass as step_checker=tests/step_checkers.py:NAME (credit: steps). Nothing here is part of
+the product."""
+
+import time
+
+
+def by_length(lines, record):
+    """A verdict from the line's length alone (the same whichever rank checks it): right when it is a multiple of 3,
+    unknown when it leaves 2, wrong otherwise."""
+    return [None if len(line) % 3 == 2 else len(line) % 3 == 0 for line in lines]
+
+
+def raises(lines, record):
+    raise ValueError("no verdict today")
+
+
+def hangs(lines, record):
+    time.sleep(3600)
+
+
+def one_short(lines, record):
+    return [None] * (len(lines) - 1)
+
+
+def fails_on_3(lines, record):
+    """Fails (raises) on the problem "What is 3 + 3?", and finds every line right on the others."""
+    if "3" in record["problem"]:
+        raise ValueError("three")
+    return [True] * len(lines)

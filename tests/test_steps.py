@@ -1,0 +1,267 @@
+"""credit: steps: the verifier reads every line. The formula on hand-built groups (credit.py), the built-in
+arithmetic checker, a user's checker's faults, and runs through main(): the table and metrics, problems_per_step 2,
+resume after SIGKILL. Torchrun (replicate and fsdp): tests/test_distributed.py. The spec's run is unchanged by all
+of it (tests/test_variants.py's fixture)."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import credit as C
+import rlvr_driver
+import train_rlvr as T
+import verifier
+from conftest import ROOT
+from run_helpers import main_args, one_line_error
+
+CHECKERS = ROOT / "tests" / "step_checkers.py"
+EPS = 1e-4
+
+
+def _advantages(rewards):
+    r = torch.tensor(rewards, dtype=torch.float32)
+    return T.compute_advantages(r, EPS, zero_variance=T.equal_rewards(r))
+
+
+# ----------------------------------------------------------------------------------------------
+# The formula
+
+
+def test_a_hand_built_group_of_four_gives_each_tokens_advantage():
+    """Rewards 1, 0, 0, 0 (A_i = 0.75 / 0.5001 and -0.25 / 0.5001), step_weight 0.5. Line 0 has verdicts right,
+    right, wrong, right (mean 0.75, sample std 0.5): z = +0.25 / 0.5001 or -0.75 / 0.5001. Line 1 is compared among
+    responses 0, 1, 3 (response 2 went wrong at line 0): right, wrong, right (mean 2/3, sample std 0.57735). Line 2:
+    response 1's right verdict comes after its wrong line 1 and the others are unknown: no term. Each token adds its
+    line's term, half of it."""
+    a = _advantages([1.0, 0.0, 0.0, 0.0])
+    verdicts = [[True, True, None], [True, False, True], [False, None, None], [True, True, None]]
+    token_line = [[0, 0, 1, 1, 2], [0, 1, 1, 2], [0, 0, 0], [0, 1, 2, 2]]
+    got, terms = C.checked_step_advantages("add", a, token_line, verdicts, 0.5, EPS)
+    s0, s1 = 0.5 + EPS, math.sqrt(1 / 3) + EPS
+    right0, wrong0, right1, wrong1 = 0.25 / s0, -0.75 / s0, (1 / 3) / s1, -(2 / 3) / s1
+    A, B = 0.75 / s0, -0.25 / s0
+    want = [[A + right0 / 2] * 2 + [A + right1 / 2] * 2 + [A],
+            [B + right0 / 2] + [B + wrong1 / 2] * 2 + [B],
+            [B + wrong0 / 2] * 3,
+            [B + right0 / 2, B + right1 / 2, B, B]]
+    for g, w in zip(got, want):
+        assert g.tolist() == pytest.approx(w, abs=1e-6)
+    assert terms[1] == pytest.approx([right0 / 2, wrong1 / 2, 0.0], abs=1e-6)  # the terms rollouts.jsonl records
+    assert (round(right0, 5), round(wrong1, 5)) == (0.4999, -1.1545)
+
+
+def test_an_all_wrong_group_that_differs_at_line_2_has_a_gradient_on_line_2_alone():
+    """Every reward 0 (the spec's advantages all exactly 0, no gradient); lines 0 and 1 right everywhere (equal
+    verdicts: 0); line 2 right, wrong, right, wrong: +-0.5 / (0.57735 + 1e-4) on the line-2 tokens, 0 elsewhere.
+    Through assign_credit: each token's line from the tokenizer's pieces (id 10 is a newline, which belongs to the
+    line it closes), the verdicts from the scorer's check_steps on each response's text."""
+    pieces = {10: "\n", 0: "<eos>"}
+    tok = SimpleNamespace(decode=lambda ids, **kw: "".join(pieces.get(i, f"<{i}>") for i in ids))
+    responses = [torch.tensor(r) for r in ([5, 10, 6, 10, 7, 0], [5, 10, 6, 10, 8, 9, 0], [5, 10, 6, 10, 7, 0],
+                                           [5, 10, 6, 10, 8, 0])]
+    texts = [tok.decode(r.tolist()).replace("<eos>", "") for r in responses]
+    line2 = {"<7>": True, "<8><9>": False, "<8>": False}
+    checks = []
+
+    def check_steps(lines, record):
+        checks.append((lines, record))
+        return [True, True, line2[lines[2]]], "ok"
+    t = SimpleNamespace(cfg=T.Config(group_size=4, credit="steps"), tokenizer=tok, device=torch.device("cpu"),
+                        scorer=SimpleNamespace(check_steps=check_steps), warned=set())
+    r = torch.zeros(4)
+    group = T.Group(texts, [T.Score(0.0, None, "wrong")] * 4, [len(x) for x in responses], [False] * 4, r, True)
+    adv = T.compute_advantages(r, EPS, zero_variance=True)
+    got = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1", "record": {"id": 3}}, t)
+    z = 0.5 / (math.sqrt(1 / 3) + EPS)
+    assert round(z, 5) == 0.86588
+    assert got.token_advantages == [pytest.approx(x, abs=1e-6) for x in (
+        [0, 0, 0, 0, z, z], [0, 0, 0, 0, -z, -z, -z], [0, 0, 0, 0, z, z], [0, 0, 0, 0, -z, -z])]
+    assert got.verdicts == [[True, True, True], [True, True, False]] * 2 and not got.all_zero()
+    assert got.segments[1] == [0, 2, 4] and checks[0] == (["<5>", "<6>", "<7>"], {"id": 3})
+
+
+def test_unknown_lines_and_lines_after_the_first_wrong_one_add_nothing():
+    """An unknown line is no verdict: it neither counts in its line's standardization nor stops a response's later
+    lines from counting. A line after a response's first wrong one counts for nothing, even if right."""
+    terms = C.step_terms([[None, True], [None, False], [True, True], [False, True]], EPS)
+    z = 0.5 / (math.sqrt(1 / 3) + EPS)  # line 1 among responses 0, 1, 2 (response 3 went wrong at line 0): T F T
+    assert terms[0] == pytest.approx([0.0, (1 / 3) / (math.sqrt(1 / 3) + EPS)], abs=1e-6)
+    assert terms[1] == pytest.approx([0.0, -(2 / 3) / (math.sqrt(1 / 3) + EPS)], abs=1e-6)
+    assert terms[2][0] == pytest.approx(0.5 / (math.sqrt(1 / 2) + EPS), abs=1e-6) and terms[3][1] == 0.0
+    assert round(z, 3) == 0.866
+    assert C.step_terms([[None, None], [None, None]], EPS) == [[0.0, 0.0], [0.0, 0.0]]  # nothing checked: the spec
+    assert C.step_terms([[True], [False]] + [[None]] * 2, EPS)[0] == [pytest.approx(0.5 / (math.sqrt(1 / 2) + EPS))]
+
+
+def test_first_error_spares_a_wrong_responses_verified_prefix():
+    """step_mode first_error (VPPO's split): rewards 1, 0, 0, 0. Response 1's lines before its first wrong line
+    (line 2) get 0, not A_i < 0; response 2 has no wrong line: A_i everywhere; response 0 is right: A_i
+    everywhere, though it has a wrong line; response 3 goes wrong at line 0: nothing spared."""
+    a = _advantages([1.0, 0.0, 0.0, 0.0])
+    verdicts = [[True, False], [True, None, False], [None, None], [False, True]]
+    token_line = [[0, 1], [0, 1, 1, 2, 2], [0, 1], [0, 1]]
+    got, terms = C.checked_step_advantages("first_error", a, token_line, verdicts, 1.0, EPS)
+    A, B = 0.75 / 0.5001, -0.25 / 0.5001
+    assert [g.tolist() for g in got] == [pytest.approx(x, abs=1e-6) for x in (
+        [A, A], [0, 0, 0, B, B], [B, B], [B, B])]
+    assert terms[1] == pytest.approx([-B, -B, 0.0], abs=1e-6)
+
+
+def test_a_token_belongs_to_the_line_its_first_character_is_in():
+    """A newline closes the line it ends: "\\n" and ".\\n" are in the line before; "\\nSo" too (its first
+    character); the EOS is in the last line."""
+    assert C.token_lines(["2", " +", " 2", " =", " 4", "\n", "4", ".\n", "\nSo", " 4", "<eos>"]) == \
+        [0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 3]
+    assert C.line_starts([0, 0, 1, 1, 3, 3]) == [0, 2, 4]
+
+
+# ----------------------------------------------------------------------------------------------
+# The built-in arithmetic checker
+
+
+@pytest.mark.parametrize("line, verdict", [
+    ("23 + 4 = 27", True), ("27 + 7 = 35", False), ("34 + 5 = 39.", True), ("  7 = 7  ", True),
+    ("-3 + 1 = -2", True), ("1.5 + 1.5 = 3", True), ("3/4 = 0.75", True), ("0.1 + 0.2 = 0.3", True),
+    ("(1 + 2) * 3 = 9", True), ("2 * (3 - 5) = -4", True), ("1 - 2 - 3 = -4", True), ("6 / 4 = 1.5", True),
+    ("3 \\times 4 = 12", True), ("2 \\cdot 3 = 7", False), ("12 \\div 4 = 3", True), ("\\frac{1}{2} + 0.5 = 1", True),
+    ("\\frac{2}{3} = \\frac{4}{6}", True), ("$9 - 2 = 7$", True), ("\\(1 + 1 = 3\\)", False), ("10 / 3 = 3.33", False),
+    ("So the answer is \\boxed{39}.", None), ("x + 1 = 2", None), ("The sum is 27", None), ("23 + 4", None),
+    ("1 + 1 = 2 = 2", None), ("= 5", None), ("1 + 1 =", None), ("2^3 = 8", None), ("\\sqrt{4} = 2", None),
+    ("1 / 0 = 1", None), ("23 + 4 = 27 apples", None), ("1 + 1 = 1 + 1", None), ("1,000 + 1 = 1,001", None),
+])
+def test_the_arithmetic_checker_reads_a_line_as_exact_rational_arithmetic(line, verdict):
+    assert verifier.arithmetic_verdict(line) is verdict
+
+
+@pytest.mark.parametrize("line, verdict", [
+    ("9" * 1_000_000 + " = 1", None),                   # a million-digit number: over the line's size, at once
+    ("2**2**2**30 = 1", None),                          # a tower: ** is no operator here
+    ("(" * 100 + "1" + ")" * 100 + " = 1", None),       # nesting past the parser's depth
+    ("9" * 290 + " * " + "9" * 3 + " = 1", False),      # within the size: exact, still fast
+    (" * ".join(["9" * 40] * 6) + " = 1", False),      # a product of 240 digits
+    ("1" + " + 1" * 70 + " = 71", True),                # many terms
+])
+def test_hostile_lines_are_unknown_or_exact_and_never_slow(line, verdict):
+    start = time.perf_counter()
+    assert verifier.arithmetic_verdict(line) is verdict
+    assert time.perf_counter() - start < 0.5
+
+
+# ----------------------------------------------------------------------------------------------
+# A user's checker: at the start, and during the run
+
+
+@pytest.mark.parametrize("name, why", [
+    ("raises", "failed: ValueError: no verdict today (a trial call on dataset record 0)"),
+    ("hangs", "did not return within verifier_timeout 0.5 s (a trial call on dataset record 0)"),
+    ("one_short", "failed: ValueError: it returned 1 verdicts for 2 lines (a trial call on dataset record 0)"),
+    ("absent", "failed: AttributeError: " + str(CHECKERS) + " has no function 'absent' (importing it)"),
+])
+def test_a_step_checker_that_cannot_serve_is_one_line_before_step_1(name, why, tiny_model_dir, tiny_data_file,
+                                                                     tmp_path, capsys):
+    out = tmp_path / "out"
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=2", "credit=steps",
+                            f"step_checker={CHECKERS}:{name}", "verifier_timeout=0.5")) == 2
+    assert one_line_error(capsys) == (
+        f"error: step_checker {CHECKERS}:{name} {why}; fix it: it is called as name(lines: list[str], record: dict) "
+        "and returns a list with a verdict per line (True, False or None)")
+    assert not (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("step_checker=checker.py", "config key 'step_checker' must be arithmetic (built in) or "
+                                "path/to/file.py:function_name"),
+    ("step_checker=/no/such/file.py:check", "config key 'step_checker' must be an existing file: /no/such/file.py is "
+                                            "not one"),
+    ("step_weight=-1", "config key 'step_weight' must be a number in [0, 1e6] (0: the spec's credit), got -1.0"),
+    ("step_weight=nan", "config key 'step_weight' must be a finite number, got nan"),
+    ("step_mode=min", "config key 'step_mode' must be one of add, first_error, got 'min'"),
+])
+def test_bad_step_settings_are_one_line(setting, message, tiny_model_dir, tiny_data_file, tmp_path, capsys):
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, tmp_path / "o", "credit=steps", setting)) == 2
+    one_line_error(capsys, message)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_checker_failing_during_the_run_is_counted_and_said_once(tiny_model_dir, tiny_data_file, tmp_path,
+                                                                   monkeypatch, capsys):
+    """fails_on_3 raises on "What is 3 + 3?" (problem 3, step 4) for each of its 4 responses: its lines are unknown,
+    the step counts 4 failures, the warning is said once; the other steps find every line right."""
+    monkeypatch.setattr(T, "score_rollouts", rlvr_driver.by_text)
+    out = tmp_path / "out"
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=4", "credit=steps",
+                            f"step_checker={CHECKERS}:fails_on_3")) == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "step_checker" in line]
+    assert said == [f"warning: step 4: step_checker {CHECKERS}:fails_on_3 failed on rollout 0: ValueError: three "
+                    "(its lines count as unknown; said once a run, each failure is counted: metrics.jsonl's "
+                    "step_checker_failures)"]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step_checker_failures"] for m in metrics] == [0, 0, 0, 4]
+    assert metrics[3]["lines_checked"] == 0 and metrics[3]["responses_unchecked"] == 1.0
+    assert all(m["lines_unknown"] == 0 and m["lines_right"] > 0 for m in metrics[:3])
+
+
+# ----------------------------------------------------------------------------------------------
+# Runs: the table and metrics, two problems a step, resume after SIGKILL
+
+
+def test_two_problems_a_step_count_every_groups_lines(tiny_model_dir, tiny_data_file, tmp_path, monkeypatch,
+                                                      capsys):
+    """problems_per_step 2 with the length checker: each step's line figures are its two groups' rollouts.jsonl
+    verdicts counted, the table's lines column shows them, and some all-wrong group still trains."""
+    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [T.Score(0.0, None, "wrong")] * len(texts))
+    out = tmp_path / "out"
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=4", "problems_per_step=2",
+                            "max_new_tokens=12", "learning_rate=1e-3", "credit=steps",
+                            f"step_checker={CHECKERS}:by_length")) == 0
+    table = capsys.readouterr().out
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert "lines r/w/?" in table.splitlines()[0] and "generated" not in table.splitlines()[0]
+    for m in metrics:
+        verdicts = [v for r in rollouts if r["step"] == m["step"] for v in r["line_verdicts"]]
+        assert len({r["problem_index"] for r in rollouts if r["step"] == m["step"]}) == 2
+        assert (m["lines_right"], m["lines_wrong"], m["lines_unknown"]) == (
+            verdicts.count(True), verdicts.count(False), verdicts.count(None))
+        assert m["lines_checked"] == m["lines_right"] + m["lines_wrong"]
+        row = next(line for line in table.splitlines() if line.split()[:1] == [str(m["step"])])
+        assert f"{m['lines_right']}/{m['lines_wrong']}/{m['lines_unknown']}" in row.split()
+    assert all(m["reward_std"] == 0 for m in metrics) and any(m["grad_norm"] > 0 for m in metrics)
+
+
+def _drive(model_dir, data, out, *extra, kill_when=None):
+    """The driver in its own process (rewards by the text); with kill_when, SIGKILLed when that text shows."""
+    env = dict(os.environ, RLVR_DRIVER=json.dumps({"text_rewards": True}), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, str(ROOT / "tests" / "rlvr_driver.py"),
+           *main_args(model_dir, data, out, "num_problems=4", "save_every=1", "learning_rate=1e-3", "credit=steps",
+                      f"step_checker={CHECKERS}:by_length", *extra)]
+    if kill_when is None:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300).returncode
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stderr:
+        if kill_when in line:
+            proc.send_signal(signal.SIGKILL)
+            break
+    return proc.wait(timeout=60)
+
+
+def test_a_sigkilled_steps_run_resumes_to_the_same_bytes(tiny_model_dir, tiny_data_file, tmp_path):
+    """Killed in step 3's backward, resumed from step 2's checkpoint: rollouts.jsonl (with every line's verdict and
+    token advantage) and the final weights are the uninterrupted run's, byte for byte."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert _drive(tiny_model_dir, tiny_data_file, whole) == 0
+    assert _drive(tiny_model_dir, tiny_data_file, cut, kill_when="[step 3] rewards") == -signal.SIGKILL
+    assert _drive(tiny_model_dir, tiny_data_file, cut, "resume=auto") == 0
+    for name in ("rollouts.jsonl", "final/model.safetensors"):
+        assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
+    rollouts = [json.loads(line) for line in (whole / "rollouts.jsonl").read_text().splitlines()]
+    assert any(a != r["advantage"] for r in rollouts for a in r["token_advantages"])  # the steps' own credit
