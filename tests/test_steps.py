@@ -265,3 +265,20 @@ def test_a_sigkilled_steps_run_resumes_to_the_same_bytes(tiny_model_dir, tiny_da
         assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
     rollouts = [json.loads(line) for line in (whole / "rollouts.jsonl").read_text().splitlines()]
     assert any(a != r["advantage"] for r in rollouts for a in r["token_advantages"])  # the steps' own credit
+
+
+def test_a_step_setting_that_does_nothing_is_said_once(capsys):
+    """step_checker and step_mode act only with credit=steps, step_weight only with step_mode add; and the segment
+    settings are monte_carlo's and the tree's, not steps'."""
+    config = ["--config", str(ROOT / "config.yaml")]
+    T.load_config([*config, "step_checker=x.py:f", "step_weight=2", "step_mode=first_error"])
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: step_checker=x.py:f is ignored: it acts only with credit=steps",
+        "warning: step_mode=first_error is ignored: it acts only with credit=steps",
+        "warning: step_weight=2.0 is ignored: it acts only with credit=steps, step_mode=add"]
+    T.load_config([*config, "credit=steps", "step_weight=2", "step_mode=first_error", "credit_segment_tokens=4"])
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: credit_segment_tokens=4 is ignored: it acts only with credit=monte_carlo or credit=tree",
+        "warning: step_weight=2.0 is ignored: it acts only with credit=steps, step_mode=add"]
+    T.load_config([*config, "credit=steps", "step_weight=2"])
+    assert capsys.readouterr().err == ""
