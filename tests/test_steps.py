@@ -282,3 +282,19 @@ def test_a_step_setting_that_does_nothing_is_said_once(capsys):
         "warning: step_weight=2.0 is ignored: it acts only with credit=steps, step_mode=add"]
     T.load_config([*config, "credit=steps", "step_weight=2"])
     assert capsys.readouterr().err == ""
+
+
+def test_the_sum_tasks_chain_checker_and_the_built_in_one_in_the_worker():
+    """examples/sum_steps.py:chain on "23 + 4 + 7 + 5": each line adds the next number to the last line's sum; a line
+    in another form is wrong (an arithmetically right "23 + 4 + 7 = 34" too), the lines after the chain unknown. The
+    built-in checker, called in the verifier's worker, reads the same lines as arithmetic alone."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import sum_steps
+
+    lines = ["23 + 4 = 27", "27 + 7 = 35", "35 + 5 = 40", "So the answer is \\boxed{40}."]
+    assert sum_steps.chain(lines, {"problem": "23 + 4 + 7 + 5"}) == [True, False, False, None]
+    assert sum_steps.chain(["23 + 4 + 7 = 34", "34 + 5 = 39"], {"problem": "23 + 4 + 7 + 5"}) == [False, False]
+    assert sum_steps.chain(["23 + 5 = 28", "27 + 7 = 34."], {"problem": "23 + 4 + 7 + 5"}) == [False, True]
+    with verifier.TimedVerifier(timeout_s=10.0, step_checker="arithmetic") as scorer:
+        assert scorer.check_steps(lines, {}) == ([True, False, True, None], "ok")
+        assert scorer.check_steps(["23 + 4 + 7 = 34", "23 + 5 = 28"], {}) == ([True, True], "ok")
