@@ -24,8 +24,8 @@ credit given a slower method's seconds), in its own process, one at a time. The 
   monte_carlo  credit=monte_carlo (credit_samples and credit_segment_tokens as the yaml or the defaults say)
   tree         credit=tree (tree_branching 2,2,2)
   entropy      top_entropy_quantile=0.2 (the spec's credit, the policy term on the top 20 % entropy tokens)
-  steps        credit=steps with the built-in arithmetic checker (--set step_checker=examples/sum_steps.py:chain for
-               the sum tasks' chain checker)
+  steps        credit=steps with the built-in arithmetic checker
+  steps_chain  credit=steps with the sum tasks' chain checker (examples/sum_steps.py:chain)
 Figures, all from the run's files: greedy before -> after and the exact McNemar p (eval_summary.json), the
 tokens generated in the steps (metrics.jsonl: generated_tokens, or response_tokens for the spec's credit),
 the steps' seconds, and the points gained per million generated tokens; with --sampled (or later, for the
@@ -49,7 +49,7 @@ from smollm2_learning import read_eval, run  # noqa: E402
 
 METHODS = {"sequence": [], "monte_carlo": ["credit=monte_carlo"], "tree": ["credit=tree"],
            "entropy": ["top_entropy_quantile=0.2"],
-           "steps": ["credit=steps"]}
+           "steps": ["credit=steps"], "steps_chain": ["credit=steps", "step_checker=examples/sum_steps.py:chain"]}
 TASKS = {"sum3": ("examples/smollm2_sum3.yaml", "sum3-"), "addition": ("examples/smollm2.yaml", ""),
          "sum4": ("examples/smollm2_sum4.yaml", "sum4-"), "sum5": ("examples/smollm2_sum5.yaml", "sum5-")}
 PHASES = ("generation", "rewards", "credit", "logprob_backward", "optimizer")  # metrics.jsonl's timings

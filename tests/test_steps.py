@@ -132,7 +132,7 @@ def test_a_token_belongs_to_the_line_its_first_character_is_in():
     ("-3 + 1 = -2", True), ("1.5 + 1.5 = 3", True), ("3/4 = 0.75", True), ("0.1 + 0.2 = 0.3", True),
     ("(1 + 2) * 3 = 9", True), ("2 * (3 - 5) = -4", True), ("1 - 2 - 3 = -4", True), ("6 / 4 = 1.5", True),
     ("3 \\times 4 = 12", True), ("2 \\cdot 3 = 7", False), ("12 \\div 4 = 3", True), ("\\frac{1}{2} + 0.5 = 1", True),
-    ("\\frac{2}{3} = \\frac{4}{6}", True), ("$9 - 2 = 7$", True), ("\\(1 + 1 = 3\\)", False), ("10 / 3 = 3.33", False),
+    ("\\frac{2}{3} = \\frac{4}{6}", True), ("1 + 1 = \\frac{4}{2}.", True), ("3! = 6", None), ("\\pi = 3", None), ("$9 - 2 = 7$", True), ("\\(1 + 1 = 3\\)", False), ("10 / 3 = 3.33", False),
     ("So the answer is \\boxed{39}.", None), ("x + 1 = 2", None), ("The sum is 27", None), ("23 + 4", None),
     ("1 + 1 = 2 = 2", None), ("= 5", None), ("1 + 1 =", None), ("2^3 = 8", None), ("\\sqrt{4} = 2", None),
     ("1 / 0 = 1", None), ("23 + 4 = 27 apples", None), ("1 + 1 = 1 + 1", None), ("1,000 + 1 = 1,001", None),
@@ -233,9 +233,12 @@ def test_two_problems_a_step_count_every_groups_lines(tiny_model_dir, tiny_data_
         assert (m["lines_right"], m["lines_wrong"], m["lines_unknown"]) == (
             verdicts.count(True), verdicts.count(False), verdicts.count(None))
         assert m["lines_checked"] == m["lines_right"] + m["lines_wrong"]
+        group = [r["line_verdicts"] for r in rollouts if r["step"] == m["step"]]
+        assert m["responses_unchecked"] == sum(set(v) == {None} for v in group) / 8
         row = next(line for line in table.splitlines() if line.split()[:1] == [str(m["step"])])
         assert f"{m['lines_right']}/{m['lines_wrong']}/{m['lines_unknown']}" in row.split()
     assert all(m["reward_std"] == 0 for m in metrics) and any(m["grad_norm"] > 0 for m in metrics)
+
 
 
 def _drive(model_dir, data, out, *extra, kill_when=None):
@@ -298,3 +301,12 @@ def test_the_sum_tasks_chain_checker_and_the_built_in_one_in_the_worker():
     with verifier.TimedVerifier(timeout_s=10.0, step_checker="arithmetic") as scorer:
         assert scorer.check_steps(lines, {}) == ([True, False, True, None], "ok")
         assert scorer.check_steps(["23 + 4 + 7 = 34", "23 + 5 = 28"], {}) == ([True, True], "ok")
+
+
+def test_the_line_figures_of_a_step_with_two_groups():
+    """Verdicts of two groups: 3 right, 2 wrong, 5 unknown lines; a response with an unknown line beside a checked
+    one is checked, one with none checked is not (2 of 5 responses); one check failed."""
+    credits = [SimpleNamespace(verdicts=[[None, True], [None, None], [False, True]], failed=0),
+               SimpleNamespace(verdicts=[[True, None, False], [None]], failed=1)]
+    assert T.line_figures(credits) == dict(lines_checked=5, lines_right=3, lines_wrong=2, lines_unknown=5,
+                                           responses_unchecked=0.4, step_checker_failures=1)
