@@ -2344,9 +2344,7 @@ def arithmetic_verdict(line):
     MAX_BITS): no text is run as code and no line can take long."""
     if not isinstance(line, str) or len(line) > MAX_STEP_LINE_CHARS or _CTRL_RE.search(line):
         return None
-    s = _strip_wrappers(line.strip())
-    s = s[:-1] if s.endswith(".") else s
-    sides = s.split("=")
+    sides = _strip_wrappers(line).split("=")  # $ $, \( \), a \boxed{} around it and a period after it dropped
     if len(sides) != 2 or not all(side.strip() for side in sides):
         return None
     try:
