@@ -31,7 +31,7 @@ def _parity_rewards(monkeypatch):
     """Odd-length responses score 1: groups with reward variance, so the steps train."""
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [verdict(len(t) % 2 == 1) for t in texts])
     monkeypatch.setattr(T, "score_responses", lambda scorer, texts, golds: [
-        T.Score(float(len(t) % 2 == 1), None, "wrong") for t in texts])
+        (float(len(t) % 2 == 1), None, "wrong") for t in texts])
 
 
 @pytest.fixture(scope="module")
