@@ -8,13 +8,16 @@
     python benchmarks/credit_methods.py --out runs/credit --siblings     # each tree run's identical siblings
     python benchmarks/credit_methods.py --out runs/credit --masks        # where each entropy mask's kept tokens lie
     python benchmarks/credit_methods.py --out runs/credit --errors       # where each run's credit went, by line
+    python benchmarks/credit_methods.py --out runs/credit --add-lines    # credit=steps runs: their line figures
     python benchmarks/credit_methods.py --tasks addition --methods tree --seeds 0 --on dev --out runs/credit-dev \
         --set credit_segment_tokens=2                                     # a setting tried on the dev set
 
 The committed records: benchmarks/credit_methods.json (the grid, runs/credit), credit_dev.json (runs/credit-dev)
 and credit_tuned.json (runs/credit-tuned: the tree at the segment length chosen on dev, and the spec's credit run
 again beside it on the same machine), all with the methods' earlier definitions; credit47_dev.json (runs/credit47-
-dev: the sum4 task's dev runs, the methods as their papers define them); docs/variants.md has the commands of each.
+dev: the sum4 task's dev runs, the methods as their papers define them), credit62_dev.json and
+credit62_heldout.json (runs/credit62-dev, runs/credit62: credit=steps, with their line figures);
+docs/variants.md has the commands of each.
 
 Each (task, method, seed) is one ordinary run, `python train_rlvr.py --config examples/smollm2_sum3.yaml` (task
 sum3) or `examples/smollm2.yaml` (addition) with the method's settings, `seed=..` and greedy evaluation of the
@@ -85,9 +88,42 @@ def one_run(model: Path, task: str, method: str, seed: int, on: str, out: Path, 
     # a finished run's last checkpoint (weights and AdamW's moments, 1.6 GB for SmolLM2) is only for resuming it;
     # what the benchmark reads later (--add-sampled, --pictures) is final/ and the logs, kept
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+    lines = line_figures(folder)
+    if lines:
+        res["lines"] = lines
     if sampled:
         res["sampled"] = sampled_pass1(model, task, method, seed, on, out, settings)
     return res
+
+
+def line_figures(folder: Path, edge: int = 10) -> dict | None:
+    """A credit=steps run's line figures, from its metrics.jsonl and rollouts.jsonl (None for another credit): how
+    many all-wrong groups it trained on (the spec's credit has no gradient there; a checked line can give one); and,
+    over its first and its last `edge` steps, the checked and unknown lines per response, the share of checked lines
+    that were right, the share of responses with no checked line (a policy that stops writing checkable lines games
+    the checker: this figure would rise) and the distinct responses per group (equal responses: equal verdicts,
+    no line's verdicts to standardize)."""
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    if not metrics or "lines_checked" not in metrics[0]:
+        return None
+    groups: dict[tuple, set] = {}
+    for r in map(json.loads, (folder / "rollouts.jsonl").read_text().splitlines()):
+        groups.setdefault((r["step"], r["problem_index"]), set()).add(r["response"])
+
+    def ends(ms: list[dict]) -> dict:
+        steps = {m["step"] for m in ms}
+        n = sum(m["group_size"] * len(m.get("groups", [None])) for m in ms)  # the steps' responses (P x G each)
+        checked = sum(m["lines_checked"] for m in ms)
+        distinct = [len(texts) for (step, _), texts in groups.items() if step in steps]
+        return {"checked_per_response": checked / n, "unknown_per_response": sum(m["lines_unknown"] for m in ms) / n,
+                "right_share": sum(m["lines_right"] for m in ms) / checked if checked else None,
+                "responses_unchecked": sum(m["responses_unchecked"] * m["group_size"] * len(m.get("groups", [None]))
+                                           for m in ms) / n,
+                "distinct_per_group": sum(distinct) / len(distinct)}
+    all_wrong = [m for m in metrics if m["correct"] == 0]
+    return {"all_wrong_steps": len(all_wrong), "all_wrong_with_gradient": sum(m["grad_norm"] > 0 for m in all_wrong),
+            "first": ends(metrics[:edge]), "last": ends(metrics[-edge:]),
+            "step_checker_failures": sum(m["step_checker_failures"] for m in metrics)}
 
 
 def sampled_pass1(model: Path, task: str, method: str, seed: int, on: str, out: Path, settings: list[str] = ()
@@ -235,11 +271,16 @@ def group_picture(folder: Path, tokenizer, eos: str, out: Path) -> Path | None:
     reward variance, each token on a background coloured by the advantage the loss gave it. Its tokens are the
     response re-tokenized (plus the EOS where it ended), used only where that gives back as many tokens as the
     record's token_advantages; the spec's credit (no token_advantages) is drawn with A_i on every token, and under
-    the entropy mask (the record's entropy_mask) a token it leaves out with 0."""
+    the entropy mask (the record's entropy_mask) a token it leaves out with 0. A credit=steps run (its records
+    carry line_verdicts) is drawn at its first group whose rewards are all equal and whose checked lines still gave
+    a token a nonzero advantage, the gradient the spec's credit lacks; failing one, as the others."""
     import train_rlvr as T
 
     rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
     steps = sorted({r["step"] for r in rollouts if r["advantage"] != 0})
+    if rollouts and "line_verdicts" in rollouts[0]:
+        lines_only = {r["step"] for r in rollouts if any(r.get("token_advantages", []))} - set(steps)
+        steps = sorted(lines_only) or steps
     if not steps:
         return None
     records = []
@@ -400,14 +441,14 @@ def read_results(saved: Path) -> list[dict]:
 
 
 def check_inputs(args, model: Path, out: Path) -> None:
-    """What each mode reads, there before it starts: --summary and --add-sampled --out's results.json, --pictures,
+    """What each mode reads, there before it starts: --summary, --add-sampled and --add-lines --out's results.json, --pictures,
     --siblings, --masks and --errors --out's run folders and the model's tokenizer; training each task's training
     set, --add-sampled its --on set (the model folder's problem files, examples/make_smollm2.py's). --out is a
     folder, or can be made one."""
     blocker = next(p for p in (out, *out.parents) if p.exists())
     if not blocker.is_dir():
         fail(f"--out {out}: {blocker} is a file; pass --out a folder (runs/credit by default)")
-    if (args.summary or args.add_sampled) and not (out / "results.json").is_file():
+    if (args.summary or args.add_sampled or args.add_lines) and not (out / "results.json").is_file():
         fail(f"{out} holds no results.json (no finished run of this script there); pass --out the folder a run of "
              "this script wrote (runs/credit by default)")
     reads_runs = args.pictures or args.siblings or args.masks or args.errors
@@ -421,7 +462,7 @@ def check_inputs(args, model: Path, out: Path) -> None:
     if reads_runs and not any((model / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         fail(f"{model} holds no tokenizer (no tokenizer.json or tokenizer_config.json); pass --model the model folder "
              f"the runs trained (runs/smollm2 by default, written by python examples/make_smollm2.py {args.model})")
-    if args.summary or reads_runs:
+    if args.summary or reads_runs or args.add_lines:
         return
     split = args.on if args.add_sampled else "train"
     names = {t: TASKS[t][1] + split + ".json" for t in args.tasks}
@@ -455,6 +496,8 @@ def main() -> int:
     ap.add_argument("--errors", action="store_true", help="only say, for each finished run in --out, where its "
                     "credit went against its lines' correctness (a right response; a wrong one's lines before its "
                     "first wrong line, that line, after it), and stop")
+    ap.add_argument("--add-lines", action="store_true", help="only add the line figures (credit=steps) to the "
+                    "finished runs in --out/results.json that lack them, read from their metrics.jsonl, and stop")
     ap.add_argument("--add-sampled", action="store_true", help="only add the sampled pass@1 to the finished runs in "
                     "--out/results.json that lack it (those of --tasks, --methods, --seeds, --on), and stop")
     args = ap.parse_args()
@@ -467,6 +510,17 @@ def main() -> int:
         print(summary(results, out))
         print()
         print(paired_differences(results))
+        return 0
+    if args.add_lines:
+        saved = out / "results.json"
+        results = read_results(saved)
+        for r in results:
+            folder = run_folder(out, r["task"], r["method"], r["seed"], r.get("settings", []))
+            lines = None if "lines" in r or not (folder / "rollouts.jsonl").is_file() else line_figures(folder)
+            if lines:
+                r["lines"] = lines
+                print(f"{r['task']} {variant(r)} seed {r['seed']}: {json.dumps(lines)}")
+        saved.write_text(json.dumps(results, indent=1))
         return 0
     if args.add_sampled:
         saved = out / "results.json"

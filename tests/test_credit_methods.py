@@ -27,6 +27,8 @@ def _main(monkeypatch, *argv):
                   "of this script wrote (runs/credit by default)"),
     ("--add-sampled", "{out} holds no results.json (no finished run of this script there); pass --out the folder a "
                       "run of this script wrote (runs/credit by default)"),
+    ("--add-lines", "{out} holds no results.json (no finished run of this script there); pass --out the folder a "
+                    "run of this script wrote (runs/credit by default)"),
     ("--pictures", "{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)"),
     ("--siblings", "{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)"),
     ("--masks", "{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)"),
@@ -455,3 +457,84 @@ def test_the_sum4_sampled_pass1_table_in_the_docs_is_the_committed_record():
     mean = lambda method: f"{100 * statistics.mean(dict(after[method])[s] for s in long):.1f} %"  # noqa: E731
     assert (f"samples {mean('sequence, 137 steps')} at seeds 0-{max(long)}, against {mean('sequence')} at 50 steps "
             f"and `monte_carlo`'s {mean('monte_carlo')}") in " ".join(docs.split())
+
+
+def _steps_run(folder, steps, responses):
+    """A credit=steps run's metrics.jsonl (one record per step, P = 1) and rollouts.jsonl (responses[i]: step i's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **m}) + "\n" for i, m in enumerate(steps)))
+    (folder / "rollouts.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "problem_index": i, "response": text}) + "\n"
+        for i, texts in enumerate(responses) for text in texts))
+
+
+def _step(correct, grad, checked, right, unknown, unchecked, failures=0):
+    return {"correct": correct, "grad_norm": grad, "group_size": 2, "lines_checked": checked, "lines_right": right,
+            "lines_wrong": checked - right, "lines_unknown": unknown, "responses_unchecked": unchecked,
+            "step_checker_failures": failures}
+
+
+def test_a_steps_runs_line_figures_over_its_first_and_last_steps(tmp_path):
+    """Three steps of two responses, edge 2. Step 1 all wrong with a gradient (a line told them apart): 4 lines
+    checked, 1 right, 2 unknown, two distinct responses; step 2 all wrong, no gradient, equal responses: 2 checked,
+    none right, one response (0.5) with no checked line; step 3 all right: no checked line, 4 unknown. First two
+    steps: 6 checked lines over 4 responses (1.5), 2 unknown (0.5), right 1/6, unchecked (0 x 2 + 0.5 x 2) / 4 =
+    0.25, distinct (2 + 1) / 2; last two: 0.5, 1.0, right 0/2, unchecked 0.75, distinct 1. Two all-wrong steps, one
+    with a gradient. A run of another credit (no line figures in its metrics) has none."""
+    _steps_run(tmp_path / "steps", [_step(0, 0.5, 4, 1, 2, 0.0), _step(0, 0.0, 2, 0, 0, 0.5, failures=1),
+                                    _step(2, 0.0, 0, 0, 4, 1.0)], [["a", "b"], ["c", "c"], ["d", "d"]])
+    assert credit_methods.line_figures(tmp_path / "steps", edge=2) == {
+        "all_wrong_steps": 2, "all_wrong_with_gradient": 1, "step_checker_failures": 1,
+        "first": {"checked_per_response": 1.5, "unknown_per_response": 0.5, "right_share": pytest.approx(1 / 6),
+                  "responses_unchecked": 0.25, "distinct_per_group": 1.5},
+        "last": {"checked_per_response": 0.5, "unknown_per_response": 1.0, "right_share": 0.0,
+                 "responses_unchecked": 0.75, "distinct_per_group": 1.0}}
+    _steps_run(tmp_path / "sequence", [{"correct": 1, "grad_norm": 1.0, "group_size": 2}], [["a", "b"]])
+    assert credit_methods.line_figures(tmp_path / "sequence") is None
+
+
+def test_add_lines_adds_the_figures_to_the_steps_runs_alone(tmp_path, monkeypatch, capsys):
+    """--add-lines: the credit=steps run in results.json gets its line figures from its folder; the spec's credit's
+    run (no line figures) and a run whose folder is gone are left as they were; nothing is trained."""
+    out = tmp_path / "credit"
+    grid = json.loads((ROOT / "benchmarks" / "credit_methods.json").read_text())[:3]
+    for r, method in zip(grid, ["steps", "sequence", "steps"]):
+        r.update(method=method, settings=[], seed=0, task="sum4")
+    grid[2]["seed"] = 1  # no folder
+    _steps_run(credit_methods.run_folder(out, "sum4", "steps", 0), [_step(0, 0.5, 4, 1, 2, 0.0)], [["a", "b"]])
+    _steps_run(credit_methods.run_folder(out, "sum4", "sequence", 0),
+               [{"correct": 1, "grad_norm": 1.0, "group_size": 2}], [["a", "b"]])
+    (out / "results.json").write_text(json.dumps(grid))
+    monkeypatch.setattr(credit_methods, "one_run", lambda *a: pytest.fail("a run"))
+    assert _main(monkeypatch, "--out", str(out), "--add-lines") == 0
+    saved = json.loads((out / "results.json").read_text())
+    assert saved[0]["lines"] == credit_methods.line_figures(credit_methods.run_folder(out, "sum4", "steps", 0))
+    assert saved[0]["lines"]["all_wrong_with_gradient"] == 1
+    assert saved[1:] == grid[1:]
+
+
+def test_a_steps_runs_picture_is_its_first_group_where_the_lines_alone_gave_a_gradient(tmp_path, monkeypatch):
+    """group_picture on a credit=steps run: step 1 has reward variance, step 2 is all wrong with no token moved,
+    step 3 all wrong with line 1's tokens moved by the verdicts: step 3 is drawn, each response's characters with
+    its token_advantages. A run of the spec's credit (no line_verdicts) is drawn at its first step with variance."""
+    drawn = []
+    monkeypatch.setattr(T, "save_picture", lambda fig, out: drawn.append(fig))
+    monkeypatch.setattr(T, "credit_figure", lambda records: [(r["step"], r["tokens"], r["token_advantages"])
+                                                             for r in records])
+
+    def record(step, text, advantage, credit, **extra):
+        return {"step": step, "response": text, "advantage": advantage, "cut_at_limit": True, "tokens": len(text),
+                "token_advantages": credit, **extra}
+    records = [record(1, "ab", 0.7, [0.7, 0.7]), record(1, "cd", -0.7, [-0.7, -0.7]),
+               record(2, "ef", 0.0, [0.0, 0.0]), record(2, "gh", 0.0, [0.0, 0.0]),
+               record(3, "ij", 0.0, [0.7, 0.0]), record(3, "kl", 0.0, [-0.7, 0.0])]
+    for r in records:
+        r["line_verdicts"] = [None]
+    (tmp_path / "rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    assert credit_methods.group_picture(tmp_path, Chars(), "<eos>", tmp_path / "p.png") == tmp_path / "p.png"
+    assert drawn[-1] == [(3, ["i", "j"], [0.7, 0.0]), (3, ["k", "l"], [-0.7, 0.0])]
+    for r in records:
+        del r["line_verdicts"]
+    (tmp_path / "rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    credit_methods.group_picture(tmp_path, Chars(), "<eos>", tmp_path / "p.png")
+    assert drawn[-1] == [(1, ["a", "b"], [0.7, 0.7]), (1, ["c", "d"], [-0.7, -0.7])]
