@@ -390,6 +390,11 @@ def test_a_run_is_recorded_from_its_files_and_its_checkpoints_dropped(tmp_path, 
     assert not (folder / "checkpoints").exists() and (folder / "final" / "model.safetensors").is_file()
     row = credit_methods.summary([res], tmp_path).splitlines()[2]
     assert "| 1.0/2 | 500 | +100,000 | 18 s |" in row, row
+    # a credit=steps run's record carries its line figures (read from its folder); another credit's has none
+    assert "lines" not in res
+    monkeypatch.setattr(credit_methods, "line_figures", lambda folder: {"read": folder.name})
+    res = credit_methods.one_run(tmp_path / "model", "sum4", "steps", 3, "dev", tmp_path, False)
+    assert res["lines"] == {"read": "sum4-steps-seed3"}
 
 
 def test_the_sum4_equal_compute_table_in_the_docs_is_the_committed_record():
