@@ -9,6 +9,7 @@
     python benchmarks/credit_methods.py --out runs/credit --masks        # where each entropy mask's kept tokens lie
     python benchmarks/credit_methods.py --out runs/credit --errors       # where each run's credit went, by line
     python benchmarks/credit_methods.py --out runs/credit --add-lines    # credit=steps runs: their line figures
+    python benchmarks/credit_methods.py --out runs/credit --operands     # sum runs: right sums of the wrong numbers
     python benchmarks/credit_methods.py --tasks addition --methods tree --seeds 0 --on dev --out runs/credit-dev \
         --set credit_segment_tokens=2                                     # a setting tried on the dev set
 
@@ -47,6 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "examples"))  # sum_steps.py, the sum tasks' chain checker (--operands)
 sys.path.insert(0, str(ROOT))
 from smollm2_learning import read_eval, run  # noqa: E402
 
@@ -412,6 +414,35 @@ def error_credit(folder: Path, tokenizer, problems: list[dict]) -> dict[str, tup
     return {place: tuple(c) for place, c in counts.items()}
 
 
+def operand_lines(folder: Path) -> dict[str, dict[str, int]] | None:
+    """A finished sum run's greedy answers before its first step and after its last (eval.jsonl), line by line: the
+    lines a chain should hold (line k < the problem's terms - 1), how many the built-in arithmetic checker calls right,
+    how many the sum tasks' chain checker calls right, and how many are right sums of numbers that are not the
+    problem's chain (arithmetic right, chain wrong: what the arithmetic checker credits and the answer does not
+    need). The problems are the run's eval_dataset (run_config.yaml); None where they are not sums."""
+    import yaml
+
+    import verifier
+    from sum_steps import chain
+
+    problems = json.loads(Path(yaml.safe_load((folder / "run_config.yaml").read_text())["eval_dataset"]).read_text())
+    out = {}
+    for r in map(json.loads, (folder / "eval.jsonl").read_text().splitlines()):
+        problem = problems[r["problem_index"]]
+        if " + " not in str(problem.get("problem", "")):
+            return None
+        c = out.setdefault(r["phase"], {"chain_lines": 0, "arithmetic_right": 0, "chain_right": 0,
+                                        "right_sum_wrong_numbers": 0})
+        lines = r["response"].split("\n")
+        for said, right in zip(map(verifier.arithmetic_verdict, lines), chain(lines, problem)):
+            if right is not None:
+                c["chain_lines"] += 1
+                c["arithmetic_right"] += said is True
+                c["chain_right"] += right
+                c["right_sum_wrong_numbers"] += said is True and not right
+    return out
+
+
 def fail(message: str):
     """A user's mistake: one line on stderr and exit status 2, no traceback."""
     print(f"error: {message}", file=sys.stderr)
@@ -441,8 +472,8 @@ def read_results(saved: Path) -> list[dict]:
 
 
 def check_inputs(args, model: Path, out: Path) -> None:
-    """What each mode reads, there before it starts: --summary, --add-sampled and --add-lines --out's results.json, --pictures,
-    --siblings, --masks and --errors --out's run folders and the model's tokenizer; training each task's training
+    """What each mode reads, there before it starts: --summary, --add-sampled and --add-lines --out's results.json;
+    --pictures, --siblings, --masks, --errors and --operands --out's run folders and the model's tokenizer; training each task's training
     set, --add-sampled its --on set (the model folder's problem files, examples/make_smollm2.py's). --out is a
     folder, or can be made one."""
     blocker = next(p for p in (out, *out.parents) if p.exists())
@@ -451,7 +482,7 @@ def check_inputs(args, model: Path, out: Path) -> None:
     if (args.summary or args.add_sampled or args.add_lines) and not (out / "results.json").is_file():
         fail(f"{out} holds no results.json (no finished run of this script there); pass --out the folder a run of "
              "this script wrote (runs/credit by default)")
-    reads_runs = args.pictures or args.siblings or args.masks or args.errors
+    reads_runs = args.pictures or args.siblings or args.masks or args.errors or args.operands
     if reads_runs and not out.is_dir():
         fail(f"{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)")
     if reads_runs and not model.is_dir():
@@ -496,6 +527,9 @@ def main() -> int:
     ap.add_argument("--errors", action="store_true", help="only say, for each finished run in --out, where its "
                     "credit went against its lines' correctness (a right response; a wrong one's lines before its "
                     "first wrong line, that line, after it), and stop")
+    ap.add_argument("--operands", action="store_true", help="only say, for each finished sum run in --out, how "
+                    "many of its greedy answers' chain lines (before and after training) the arithmetic checker and "
+                    "the chain checker call right, and how many are right sums of numbers not the problem's, and stop")
     ap.add_argument("--add-lines", action="store_true", help="only add the line figures (credit=steps) to the "
                     "finished runs in --out/results.json that lack them, read from their metrics.jsonl, and stop")
     ap.add_argument("--add-sampled", action="store_true", help="only add the sampled pass@1 to the finished runs in "
@@ -532,6 +566,15 @@ def main() -> int:
             r["sampled"] = sampled_pass1(model, r["task"], r["method"], r["seed"], r["on"], out, r.get("settings", []))
             saved.write_text(json.dumps(results, indent=1))
             print(table([r]).splitlines()[-1], flush=True)
+        return 0
+    if args.operands:  # the greedy answers' lines, read as text
+        for folder in sorted(p for p in out.iterdir() if (p / "eval.jsonl").is_file() and (p / "run_config.yaml").is_file()):
+            found = operand_lines(folder)
+            if found:
+                print(f"{folder.name}: " + "; ".join(
+                    f"{phase} {c['chain_lines']} chain lines, arithmetic right {c['arithmetic_right']}, chain right "
+                    f"{c['chain_right']}, right sums of wrong numbers {c['right_sum_wrong_numbers']}"
+                    for phase, c in found.items()))
         return 0
     if args.siblings or args.masks or args.errors or args.pictures:  # the finished run folders in --out, read with the tokenizer
         from transformers import AutoTokenizer

@@ -32,6 +32,7 @@ def _main(monkeypatch, *argv):
     ("--pictures", "{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)"),
     ("--siblings", "{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)"),
     ("--masks", "{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)"),
+    ("--operands", "{out} does not exist; pass --out the folder a run of this script wrote (runs/credit by default)"),
 ])
 def test_each_modes_missing_out_folder_is_one_line_and_exit_2(mode, message, tmp_path, monkeypatch, capsys):
     (tmp_path / "model").mkdir()
@@ -82,7 +83,7 @@ def test_an_out_that_is_or_lies_in_a_file_is_one_line_and_exit_2_in_every_mode(m
     assert (tmp_path / "taken").read_text() == "an earlier table"
 
 
-@pytest.mark.parametrize("mode", ["--pictures", "--errors", "--siblings", "--masks"])
+@pytest.mark.parametrize("mode", ["--pictures", "--errors", "--siblings", "--masks", "--operands"])
 def test_the_modes_that_read_runs_need_the_models_tokenizer(mode, tmp_path, monkeypatch, capsys):
     """A model folder of problems alone (make_smollm2.py --problems-only) has no tokenizer: one line and exit 2,
     not transformers' traceback; with the tokenizer's files there, the mode runs (no run folder: nothing said)."""
@@ -543,3 +544,33 @@ def test_a_steps_runs_picture_is_its_first_group_where_the_lines_alone_gave_a_gr
     (tmp_path / "rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in records))
     credit_methods.group_picture(tmp_path, Chars(), "<eos>", tmp_path / "p.png")
     assert drawn[-1] == [(1, ["a", "b"], [0.7, 0.7]), (1, ["c", "d"], [-0.7, -0.7])]
+
+
+def test_operands_counts_right_sums_of_the_problems_numbers_and_of_others(tmp_path, monkeypatch, capsys):
+    """--operands on a sum run: "23 + 4 + 7" answered "23 + 4 = 27 / 27 + 7 = 34" before (2 chain lines, both right
+    by arithmetic and by the chain) and "23 + 4 = 27 / 28 + 7 = 35" after (the second line a right sum of 28, not
+    27: arithmetic right, chain wrong); "10 + 5 + 1" after: "10 + 5 = 16" (wrong both ways), "16 + 1 = 17" (a right
+    sum of the wrong number). The boxed line is no chain line. A run on problems that are not sums says nothing."""
+    problems = tmp_path / "sum3-dev.json"
+    problems.write_text(json.dumps([{"problem": "23 + 4 + 7", "answer": "34"}, {"problem": "10 + 5 + 1"}]))
+    out = tmp_path / "credit"
+    run = out / "sum3-steps-seed0"
+    run.mkdir(parents=True)
+    (run / "run_config.yaml").write_text(f"eval_dataset: {problems}\n")
+    answers = [("before", 0, "23 + 4 = 27\n27 + 7 = 34\n\\boxed{34}"), ("after", 0, "23 + 4 = 27\n28 + 7 = 35\n\\boxed{35}"),
+               ("after", 1, "10 + 5 = 16\n16 + 1 = 17\n\\boxed{17}")]
+    (run / "eval.jsonl").write_text("".join(json.dumps({"phase": ph, "problem_index": i, "response": text}) + "\n"
+                                            for ph, i, text in answers))
+    assert credit_methods.operand_lines(run) == {
+        "before": {"chain_lines": 2, "arithmetic_right": 2, "chain_right": 2, "right_sum_wrong_numbers": 0},
+        "after": {"chain_lines": 4, "arithmetic_right": 3, "chain_right": 1, "right_sum_wrong_numbers": 2}}
+    from tiny_models import build_tiny_tokenizer
+
+    (tmp_path / "model").mkdir()
+    build_tiny_tokenizer(tmp_path / "model")
+    assert _main(monkeypatch, "--model", str(tmp_path / "model"), "--out", str(out), "--operands") == 0
+    assert capsys.readouterr().out == ("sum3-steps-seed0: before 2 chain lines, arithmetic right 2, chain right 2, right "
+                                       "sums of wrong numbers 0; after 4 chain lines, arithmetic right 3, chain right "
+                                       "1, right sums of wrong numbers 2\n")
+    problems.write_text(json.dumps([{"problem": "What is 2 times 3?"}, {"problem": "x"}]))
+    assert credit_methods.operand_lines(run) is None
