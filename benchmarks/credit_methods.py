@@ -473,9 +473,9 @@ def read_results(saved: Path) -> list[dict]:
 
 def check_inputs(args, model: Path, out: Path) -> None:
     """What each mode reads, there before it starts: --summary, --add-sampled and --add-lines --out's results.json;
-    --pictures, --siblings, --masks, --errors and --operands --out's run folders and the model's tokenizer; training each task's training
-    set, --add-sampled its --on set (the model folder's problem files, examples/make_smollm2.py's). --out is a
-    folder, or can be made one."""
+    --pictures, --siblings, --masks, --errors and --operands --out's run folders and the model's tokenizer; training
+    each task's training set, --add-sampled its --on set (the model folder's problem files, examples/make_smollm2.py's).
+    --out is a folder, or can be made one."""
     blocker = next(p for p in (out, *out.parents) if p.exists())
     if not blocker.is_dir():
         fail(f"--out {out}: {blocker} is a file; pass --out a folder (runs/credit by default)")
@@ -568,7 +568,8 @@ def main() -> int:
             print(table([r]).splitlines()[-1], flush=True)
         return 0
     if args.operands:  # the greedy answers' lines, read as text
-        for folder in sorted(p for p in out.iterdir() if (p / "eval.jsonl").is_file() and (p / "run_config.yaml").is_file()):
+        runs = (p for p in out.iterdir() if (p / "eval.jsonl").is_file() and (p / "run_config.yaml").is_file())
+        for folder in sorted(runs):
             found = operand_lines(folder)
             if found:
                 print(f"{folder.name}: " + "; ".join(

@@ -557,7 +557,8 @@ def test_operands_counts_right_sums_of_the_problems_numbers_and_of_others(tmp_pa
     run = out / "sum3-steps-seed0"
     run.mkdir(parents=True)
     (run / "run_config.yaml").write_text(f"eval_dataset: {problems}\n")
-    answers = [("before", 0, "23 + 4 = 27\n27 + 7 = 34\n\\boxed{34}"), ("after", 0, "23 + 4 = 27\n28 + 7 = 35\n\\boxed{35}"),
+    answers = [("before", 0, "23 + 4 = 27\n27 + 7 = 34\n\\boxed{34}"),
+               ("after", 0, "23 + 4 = 27\n28 + 7 = 35\n\\boxed{35}"),
                ("after", 1, "10 + 5 = 16\n16 + 1 = 17\n\\boxed{17}")]
     (run / "eval.jsonl").write_text("".join(json.dumps({"phase": ph, "problem_index": i, "response": text}) + "\n"
                                             for ph, i, text in answers))
@@ -569,8 +570,88 @@ def test_operands_counts_right_sums_of_the_problems_numbers_and_of_others(tmp_pa
     (tmp_path / "model").mkdir()
     build_tiny_tokenizer(tmp_path / "model")
     assert _main(monkeypatch, "--model", str(tmp_path / "model"), "--out", str(out), "--operands") == 0
-    assert capsys.readouterr().out == ("sum3-steps-seed0: before 2 chain lines, arithmetic right 2, chain right 2, right "
-                                       "sums of wrong numbers 0; after 4 chain lines, arithmetic right 3, chain right "
-                                       "1, right sums of wrong numbers 2\n")
+    assert capsys.readouterr().out == ("sum3-steps-seed0: before 2 chain lines, arithmetic right 2, chain right 2, "
+                                       "right sums of wrong numbers 0; after 4 chain lines, arithmetic right 3, "
+                                       "chain right 1, right sums of wrong numbers 2\n")
     problems.write_text(json.dumps([{"problem": "What is 2 times 3?"}, {"problem": "x"}]))
     assert credit_methods.operand_lines(run) is None
+
+
+def _lines_cells(r):
+    """A steps run's all-wrong groups with a gradient and its distinct responses per group, as the docs' tables
+    give them ("-" for the spec's credit, which has no line figures)."""
+    lines = r.get("lines")
+    if not lines:
+        return "- | -"
+    return (f"{lines['all_wrong_with_gradient']}/{lines['all_wrong_steps']} | "
+            f"{lines['first']['distinct_per_group']:.1f} -> {lines['last']['distinct_per_group']:.1f}")
+
+
+def test_the_steps_tables_in_the_docs_are_the_committed_record():
+    """docs/variants.md's section on credit: steps is benchmarks/credit62_dev.json and credit62_heldout.json: every
+    dev run a row (with the spec's credit's three dev rates from credit47_dev.json), the held-out method the dev
+    runs' best; each held-out sum4 seed's row with its difference from the spec's credit at the same seed
+    (credit47_heldout.json), the mean, sd and sign test there and in the README, and the sampled pass@1 rows."""
+    dev = json.loads((ROOT / "benchmarks" / "credit62_dev.json").read_text())
+    held = [r for r in json.loads((ROOT / "benchmarks" / "credit62_heldout.json").read_text()) if r["task"] == "sum4"]
+    spec = json.loads((ROOT / "benchmarks" / "credit47_heldout.json").read_text())
+    sequence = {r["seed"]: r for r in spec if credit_methods.variant(r) == "sequence"}
+    text = (ROOT / "docs" / "variants.md").read_text().split("### Measured: credit from checked steps")[1]
+    text = text.split("\n### ")[0]
+    rows = set(text.splitlines())
+    change = lambda r: (r["greedy"]["after"]["correct"] - r["greedy"]["before"]["correct"]) / 2  # noqa: E731
+    seq_dev = [r for r in json.loads((ROOT / "benchmarks" / "credit47_dev.json").read_text())
+               if r["method"] == "sequence"]
+    assert len(dev) == 7 and len(seq_dev) == 3
+    for r in seq_dev + dev:
+        row = (f"| {r['method']} | {' '.join(r['settings'])} | {r['greedy']['after']['correct']}/200 | "
+               f"{change(r):+.1f} | {r['nonzero_gradient_steps']}/50 | {_lines_cells(r)} | {r['generated_tokens']:,} | "
+               f"{r['step_seconds']:.0f} |")
+        assert row in rows, row
+    best = max(dev, key=lambda r: r["greedy"]["after"]["correct"])
+    assert {credit_methods.variant(r) for r in held} == {credit_methods.variant(best)}  # chosen on dev
+    assert sorted(r["seed"] for r in held) == list(range(6))
+    diffs = []
+    for r in held:
+        diffs.append(change(r) - change(sequence[r["seed"]]))
+        row = (f"| {r['seed']} | {r['greedy']['before']['correct']}/200 -> {r['greedy']['after']['correct']}/200 | "
+               f"{change(r):+.1f} | {diffs[-1]:+.1f} | {r['nonzero_gradient_steps']}/{r['steps']} | "
+               f"{_lines_cells(r)} | {r['generated_tokens']:,} | {r['step_seconds']:.0f} |")
+        assert row in rows, row
+    above, below = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    p = f"{T.mcnemar_exact_p(above, below):.2g}"
+    docs = " ".join(text.split())
+    assert (f"mean difference {statistics.mean(diffs):+.1f} points (sd {statistics.stdev(diffs):.1f}); above it at "
+            f"{above} seed{'s' * (above != 1)}, below at {below}: sign test p = {p}") in docs
+    assert (f"ends {-statistics.mean(diffs):.1f} points below it (six seeds, sd {statistics.stdev(diffs):.1f}, "
+            f"p = {p})") in " ".join((ROOT / "README.md").read_text().split())
+    def sampled(rs):
+        after = [100 * r["sampled"]["after"] for r in rs]
+        return (f"{', '.join(str(r['seed']) for r in rs)} | {', '.join(f'{x:.1f}' for x in after)} | "
+                f"{statistics.mean(after):.1f} |")
+    assert f"| steps_chain | {sampled(held)}" in rows
+    assert f"| sequence | {sampled([sequence[s] for s in range(6)])}" in rows
+    assert all(r["sampled"]["before"] == sequence[r["seed"]]["sampled"]["before"] for r in held)
+
+
+def test_the_sum5_table_in_the_docs_is_the_committed_record():
+    """docs/variants.md's sum5 rows (the spec's credit and the chosen steps credit at three seeds each) are
+    benchmarks/credit62_heldout.json's: greedy before -> after, change, McNemar p, sampled pass@1, steps with a
+    gradient, the line figures, tokens and step seconds; and the mean changes in the sentence under them."""
+    record = [r for r in json.loads((ROOT / "benchmarks" / "credit62_heldout.json").read_text()) if r["task"] == "sum5"]
+    text = (ROOT / "docs" / "variants.md").read_text().split("### Measured: credit from checked steps")[1]
+    rows = set(text.split("\n### ")[0].splitlines())
+    by_method = {}
+    for r in record:
+        by_method.setdefault(r["method"], []).append(r)
+        b, a, s = r["greedy"]["before"], r["greedy"]["after"], r["sampled"]
+        row = (f"| {credit_methods.variant(r)} | {r['seed']} | {b['correct']}/200 -> {a['correct']}/200 | "
+               f"{100 * (a['accuracy'] - b['accuracy']):+.1f} | {r['paired']['mcnemar_p']:.2g} | "
+               f"{100 * s['before']:.1f} % -> {100 * s['after']:.1f} % | {r['nonzero_gradient_steps']}/{r['steps']} | "
+               f"{_lines_cells(r)} | {r['generated_tokens']:,} | {r['step_seconds']:.0f} |")
+        assert row in rows, row
+    assert sorted(by_method) == ["sequence", "steps_chain"]
+    assert all(sorted(r["seed"] for r in rs) == [0, 1, 2] for rs in by_method.values())
+    mean = {m: statistics.mean(credit_methods.points(r) for r in rs) for m, rs in by_method.items()}
+    assert (f"the spec's credit {mean['sequence']:+.1f} points on average, `steps_chain` "
+            f"{mean['steps_chain']:+.1f}") in " ".join(text.split())
