@@ -125,6 +125,7 @@ def line_figures(folder: Path, edge: int = 10) -> dict | None:
     all_wrong = [m for m in metrics if m["correct"] == 0]
     return {"all_wrong_steps": len(all_wrong), "all_wrong_with_gradient": sum(m["grad_norm"] > 0 for m in all_wrong),
             "first": ends(metrics[:edge]), "last": ends(metrics[-edge:]),
+            "responses_unchecked_most": max(m["responses_unchecked"] for m in metrics),  # at any one step
             "step_checker_failures": sum(m["step_checker_failures"] for m in metrics)}
 
 

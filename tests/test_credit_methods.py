@@ -486,11 +486,12 @@ def test_a_steps_runs_line_figures_over_its_first_and_last_steps(tmp_path):
     none right, one response (0.5) with no checked line; step 3 all right: no checked line, 4 unknown. First two
     steps: 6 checked lines over 4 responses (1.5), 2 unknown (0.5), right 1/6, unchecked (0 x 2 + 0.5 x 2) / 4 =
     0.25, distinct (2 + 1) / 2; last two: 0.5, 1.0, right 0/2, unchecked 0.75, distinct 1. Two all-wrong steps, one
-    with a gradient. A run of another credit (no line figures in its metrics) has none."""
+    with a gradient; at most every response (1.0) unchecked at one step. A run of another credit (no line figures
+    in its metrics) has none."""
     _steps_run(tmp_path / "steps", [_step(0, 0.5, 4, 1, 2, 0.0), _step(0, 0.0, 2, 0, 0, 0.5, failures=1),
                                     _step(2, 0.0, 0, 0, 4, 1.0)], [["a", "b"], ["c", "c"], ["d", "d"]])
     assert credit_methods.line_figures(tmp_path / "steps", edge=2) == {
-        "all_wrong_steps": 2, "all_wrong_with_gradient": 1, "step_checker_failures": 1,
+        "all_wrong_steps": 2, "all_wrong_with_gradient": 1, "step_checker_failures": 1, "responses_unchecked_most": 1.0,
         "first": {"checked_per_response": 1.5, "unknown_per_response": 0.5, "right_share": pytest.approx(1 / 6),
                   "responses_unchecked": 0.25, "distinct_per_group": 1.5},
         "last": {"checked_per_response": 0.5, "unknown_per_response": 1.0, "right_share": 0.0,
