@@ -636,23 +636,29 @@ def test_the_steps_tables_in_the_docs_are_the_committed_record():
 
 
 def test_the_sum5_table_in_the_docs_is_the_committed_record():
-    """docs/variants.md's sum5 rows (the spec's credit and the chosen steps credit at three seeds each) are
-    benchmarks/credit62_heldout.json's: greedy before -> after, change, McNemar p, sampled pass@1, steps with a
-    gradient, the line figures, tokens and step seconds; and the mean changes in the sentence under them."""
+    """docs/variants.md's sum5 rows (the spec's credit and the chosen steps credit at three seeds each, the spec's
+    credit at 97 problems, steps_chain's seconds, at seed 0) are benchmarks/credit62_heldout.json's: greedy before ->
+    after, change, McNemar p, sampled pass@1, steps with a gradient, the line figures, tokens and step seconds; the
+    mean changes in the sentence under them; and 97 = 50 x steps_chain's mean step seconds / the spec's credit's."""
     record = [r for r in json.loads((ROOT / "benchmarks" / "credit62_heldout.json").read_text()) if r["task"] == "sum5"]
     text = (ROOT / "docs" / "variants.md").read_text().split("### Measured: credit from checked steps")[1]
     rows = set(text.split("\n### ")[0].splitlines())
-    by_method = {}
+    runs = {}
     for r in record:
-        by_method.setdefault(r["method"], []).append(r)
-        b, a, s = r["greedy"]["before"], r["greedy"]["after"], r["sampled"]
+        runs.setdefault(credit_methods.variant(r), []).append(r)
+        b, a, s = r["greedy"]["before"], r["greedy"]["after"], r.get("sampled")
+        sampled = f"{100 * s['before']:.1f} % -> {100 * s['after']:.1f} %" if s else "-"
         row = (f"| {credit_methods.variant(r)} | {r['seed']} | {b['correct']}/200 -> {a['correct']}/200 | "
-               f"{100 * (a['accuracy'] - b['accuracy']):+.1f} | {r['paired']['mcnemar_p']:.2g} | "
-               f"{100 * s['before']:.1f} % -> {100 * s['after']:.1f} % | {r['nonzero_gradient_steps']}/{r['steps']} | "
-               f"{_lines_cells(r)} | {r['generated_tokens']:,} | {r['step_seconds']:.0f} |")
+               f"{100 * (a['accuracy'] - b['accuracy']):+.1f} | {r['paired']['mcnemar_p']:.2g} | {sampled} | "
+               f"{r['nonzero_gradient_steps']}/{r['steps']} | {_lines_cells(r)} | {r['generated_tokens']:,} | "
+               f"{r['step_seconds']:.0f} |")
         assert row in rows, row
-    assert sorted(by_method) == ["sequence", "steps_chain"]
-    assert all(sorted(r["seed"] for r in rs) == [0, 1, 2] for rs in by_method.values())
-    mean = {m: statistics.mean(credit_methods.points(r) for r in rs) for m, rs in by_method.items()}
-    assert (f"the spec's credit {mean['sequence']:+.1f} points on average, `steps_chain` "
-            f"{mean['steps_chain']:+.1f}") in " ".join(text.split())
+    steps, spec = runs["steps_chain learning_rate=1e-5"], runs["sequence"]
+    assert sorted(runs) == ["sequence", "sequence num_problems=97", "steps_chain learning_rate=1e-5"]
+    assert [sorted(r["seed"] for r in rs) for rs in (spec, steps)] == [[0, 1, 2], [0, 1, 2]]
+    n = round(50 * statistics.mean(r["step_seconds"] for r in steps) / statistics.mean(r["step_seconds"] for r in spec))
+    assert n == 97 and [(r["seed"], r["steps"]) for r in runs["sequence num_problems=97"]] == [(0, 97)]
+    mean = {name: statistics.mean(credit_methods.points(r) for r in rs)
+            for name, rs in (("spec", spec), ("steps", steps))}
+    assert (f"the spec's credit {mean['spec']:+.1f} points on average, `steps_chain` "
+            f"{mean['steps']:+.1f}") in " ".join(text.split())
