@@ -114,13 +114,12 @@ def line_figures(folder: Path, edge: int = 10) -> dict | None:
 
     def ends(ms: list[dict]) -> dict:
         steps = {m["step"] for m in ms}
-        n = sum(m["group_size"] * len(m.get("groups", [None])) for m in ms)  # the steps' responses (P x G each)
-        checked = sum(m["lines_checked"] for m in ms)
+        sizes = [m["group_size"] * len(m.get("groups", [None])) for m in ms]  # each step's responses (P x G)
+        n, checked = sum(sizes), sum(m["lines_checked"] for m in ms)
         distinct = [len(texts) for (step, _), texts in groups.items() if step in steps]
         return {"checked_per_response": checked / n, "unknown_per_response": sum(m["lines_unknown"] for m in ms) / n,
                 "right_share": sum(m["lines_right"] for m in ms) / checked if checked else None,
-                "responses_unchecked": sum(m["responses_unchecked"] * m["group_size"] * len(m.get("groups", [None]))
-                                           for m in ms) / n,
+                "responses_unchecked": sum(m["responses_unchecked"] * k for m, k in zip(ms, sizes)) / n,
                 "distinct_per_group": sum(distinct) / len(distinct)}
     all_wrong = [m for m in metrics if m["correct"] == 0]
     return {"all_wrong_steps": len(all_wrong), "all_wrong_with_gradient": sum(m["grad_norm"] > 0 for m in all_wrong),
