@@ -185,9 +185,17 @@ def token_lines(pieces: list[str]) -> list[int]:
     return lines
 
 
-def line_starts(token_line: list[int]) -> list[int]:
-    """The token where each line that holds a token starts (the segments rollouts.jsonl records)."""
-    return [t for t, k in enumerate(token_line) if t == 0 or k != token_line[t - 1]]
+def line_starts(token_line: list[int], lines: int) -> list[int]:
+    """The token where each of a response's `lines` lines starts (the segments rollouts.jsonl records, one per line
+    as its values and verdicts are): the first token in that line or after it, so a line that holds no token of its
+    own (a token "\n\n" closes two) starts where the next one does, and a last line with no token (the text after
+    a final newline) at the response's end."""
+    starts, t = [], 0
+    for k in range(lines):
+        while t < len(token_line) and token_line[t] < k:
+            t += 1
+        starts.append(t)
+    return starts
 
 
 def step_terms(verdicts: list[list[bool | None]], std_eps: float) -> list[list[float]]:
@@ -249,7 +257,8 @@ def assign_steps(mode: str, advantages: torch.Tensor, token_line: list[list[int]
     starts as its segments, each line's added term as its values, the verdicts kept for rollouts.jsonl."""
     token_advantages, terms = checked_step_advantages(mode, advantages, token_line, verdicts, step_weight, std_eps)
     masks = entropy_masks(entropies, quantile)
-    return Credit([a.tolist() for a in token_advantages], [line_starts(t) for t in token_line], terms,
+    starts = [line_starts(t, len(v)) for t, v in zip(token_line, verdicts)]
+    return Credit([a.tolist() for a in token_advantages], starts, terms,
                   None if masks is None else [m.int().tolist() for m in masks], generated, verdicts, failed)
 
 

@@ -762,14 +762,11 @@ def train_step(step: int, candidates: list[dict], draw: int, problems: int, t: T
     it, backpropagate the policy loss one response at a time, clip and step, report. The spec's step is
     candidates = [its problem], draw = step, problems = 1, ppo_epochs = 1 (variants: draw_groups, docs/variants.md)."""
     clock = Stopwatch(t.device)
-    slots = draw_groups(step, candidates, draw, problems, t, clock)
+    slots = draw_groups(step, candidates, draw, range(problems), t, clock)
     for s in slots:
-        s.advantages = compute_advantages(s.group.rewards, t.cfg.std_eps, t.cfg.advantage_std,
-                                          zero_variance=s.group.zero_variance)
-        s.credit = assign_credit(step, s.prompt_ids, s.responses, s.group, s.advantages, s.problem, t)  # spec: None
-        s.silent = s.group.zero_variance if s.credit is None else s.credit.all_zero()  # decided here, read after
-    if slots[0].credit is not None:
-        clock.lap("credit")
+        weigh_group(step, s, t, clock)
+    if t.cfg.zero_variance == "resample":  # DAPO's dynamic sampling, once the credit has said which groups are silent
+        resample_silent(step, slots, candidates, draw, t, clock)
     epochs = []
     for epoch in range(1, t.cfg.ppo_epochs + 1):  # the spec: one
         done = backpropagate_step(step, slots, t)
@@ -788,6 +785,18 @@ def train_step(step: int, candidates: list[dict], draw: int, problems: int, t: T
     return step_report(step, slots, t.cfg, epochs, clock)
 
 
+def weigh_group(step: int, s: Slot, t: Trainer, clock) -> None:
+    """The slot's advantages (the spec's formula), which tokens earn them (assign_credit; the spec's: None), and
+    whether its group has a signal at all: decided here, once, after the credit (a checked line or a monte_carlo
+    value can give a zero-variance group one), and read by every later move (resample, the passes, skip)."""
+    s.advantages = compute_advantages(s.group.rewards, t.cfg.std_eps, t.cfg.advantage_std,
+                                      zero_variance=s.group.zero_variance)
+    s.credit = assign_credit(step, s.prompt_ids, s.responses, s.group, s.advantages, s.problem, t)  # spec: None
+    s.silent = s.group.zero_variance if s.credit is None else s.credit.all_zero()
+    if s.credit is not None:
+        clock.lap("credit")
+
+
 @dataclass
 class Slot:
     """One problem of the step and what the step computes for it (one slot a step: the spec's)."""
@@ -795,40 +804,46 @@ class Slot:
     prompt_ids: torch.Tensor
     responses: list[torch.Tensor]  # this rank's
     group: Group
-    set_aside: list = dataclasses.field(default_factory=list)  # (problem, group) drawn for it first (resample)
+    set_aside: list[Slot] = dataclasses.field(default_factory=list)  # the silent slots drawn for it first (resample)
     advantages: torch.Tensor | None = None
     credit: credit.Credit | None = None
-    silent: bool = False  # every advantage 0, so its gradient is exactly 0 (its passes are skipped): train_step's
+    silent: bool = False  # every advantage 0, so its gradient is exactly 0 (its passes are skipped): weigh_group's
     first: Pass | None = None  # the first epoch's pass
     changes: list | None = None  # token_report: token_changes
 
 
-def draw_groups(step: int, candidates: list[dict], draw: int, problems: int, t: Trainer, clock) -> list[Slot]:
-    """sample_groups and score_group for the step's `problems` slots: candidates[k] is drawn with draw number draw + k
-    (its place in the data, which keys its random streams), the first `problems` of them in one batched decode.
-    zero_variance=resample (DAPO's dynamic sampling): a slot whose group has zero variance sets it aside and takes
-    the next candidate (every such slot in one further decode), until its group has reward variance, it has drawn
-    resample_limit groups, or the candidates run out (the last drawn is trained on)."""
-    slots, pending, later = [None] * problems, [(k, k) for k in range(problems)], problems  # (slot, candidate)
-    while pending:
-        draws = [(draw + c, candidates[c], torch.tensor(candidates[c]["prompt_ids"], device=t.device))
-                 for _, c in pending]  # tokenized once, by check_problems
-        sampled = sample_groups(step, draws, t)  # this rank's share of each group
-        clock.lap("generation")
-        groups = [score_group(step, responses, cut, problem, t, d, tree, entropies)
-                  for (d, problem, _), (responses, cut, tree, entropies) in zip(draws, sampled)]
-        clock.lap("rewards")
-        again = []
-        for (k, _), (_, problem, prompt_ids), (responses, *_), group in zip(pending, draws, sampled, groups):
-            held = [] if slots[k] is None else slots[k].set_aside + [(slots[k].problem, slots[k].group)]
-            slots[k] = Slot(problem, prompt_ids, responses, group, held)
-            if (t.cfg.zero_variance == "resample" and group.zero_variance and later < len(candidates)
-                    and len(held) + 1 < t.cfg.resample_limit):
-                progress(f"[step {step}] zero-variance group of problem {problem['index']} set aside; drawing the next")
-                again.append((k, later))
-                later += 1
-        pending = again
+def draw_groups(step: int, candidates: list[dict], draw: int, picks, t: Trainer, clock) -> list[Slot]:
+    """sample_groups and score_group for candidates[c] of each c in picks, all in one batched decode: candidate c is
+    drawn with draw number draw + c (its place in the data, which keys its random streams). One Slot per pick."""
+    draws = [(draw + c, candidates[c], torch.tensor(candidates[c]["prompt_ids"], device=t.device))
+             for c in picks]  # tokenized once, by check_problems
+    sampled = sample_groups(step, draws, t)  # this rank's share of each group
+    clock.lap("generation")
+    slots = [Slot(problem, prompt_ids, responses, score_group(step, responses, cut, problem, t, d, tree, entropies))
+             for (d, problem, prompt_ids), (responses, cut, tree, entropies) in zip(draws, sampled)]
+    clock.lap("rewards")
     return slots
+
+
+def resample_silent(step: int, slots: list[Slot], candidates: list[dict], draw: int, t: Trainer, clock) -> None:
+    """zero_variance=resample (DAPO's dynamic sampling): a slot whose group has no signal (Slot.silent, decided after
+    its credit: with credit=steps an all-wrong group whose lines differ is kept) sets it aside and takes the next
+    candidate (every such slot in one further decode), until its group has a signal, it has drawn resample_limit
+    groups, or the candidates run out (the last drawn is trained on)."""
+    later = len(slots)  # the next candidate not drawn yet
+    while True:
+        pending = []
+        for k, s in enumerate(slots):
+            if s.silent and later < len(candidates) and len(s.set_aside) + 1 < t.cfg.resample_limit:
+                progress(f"[step {step}] zero-variance group of problem {s.problem['index']} set aside; drawing the next")
+                pending.append(k)
+                later += 1
+        if not pending:
+            return
+        for k, new in zip(pending, draw_groups(step, candidates, draw, range(later - len(pending), later), t, clock)):
+            new.set_aside = slots[k].set_aside + [slots[k]]
+            weigh_group(step, new, t, clock)
+            slots[k] = new
 
 
 def step_loss(done: list[Pass]) -> float:
@@ -886,7 +901,7 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
                 s.eval_log = on_rank0(read_eval_log, s.out, s.resumed.get("eval_steps_done"), s.steps)
                 say(format_header(cfg.group_size * cfg.problems_per_step, s.extras))
                 for m in s.history:  # a resumed run shows the whole table, as an uninterrupted one would
-                    say(format_row(m, s.extras))
+                    say(format_row(m, s.extras, cfg.group_size * cfg.problems_per_step))
                 s.started, s.first_step = time.perf_counter(), len(s.history) + 1
                 s.watch = open_watch(cfg, s.out, len(s.history), s.steps, s.resumed)
                 if evaluate_if_due(len(s.history), t, s) and s.history:  # the base model, or what a stopped run left
@@ -2345,24 +2360,28 @@ def checked_lines(step: int, responses: list[torch.Tensor], group: Group, proble
                   ) -> tuple[list[list[int]], list[list[bool | None]], int]:
     """credit=steps: each response's token lines (credit.token_lines: the line a token's first character is in)
     and the step checker's verdict for every line of its text (True, False or None), from this rank's responses,
-    gathered from every rank; and how many responses' checks failed. The checker runs in the verifier's worker
-    under verifier_timeout (open_scorer); a hang, an exception or a result that is not a verdict per line leaves
-    that response's lines unknown, counted (metrics.jsonl's step_checker_failures) and said once a run."""
+    gathered from every rank; and how many responses' checks failed. A response's lines are its text split at "\n"
+    alone, as token_lines counts them (str.splitlines would also split at "\r" or "\u2028"). The last line of a
+    response cut at max_new_tokens was never finished: it is not checked, and unknown (None). The checker runs in
+    the verifier's worker under verifier_timeout (open_scorer); a hang, an exception or a result that is not a
+    verdict per line leaves that response's lines unknown, counted (metrics.jsonl's step_checker_failures) and said
+    once a run."""
     mine, failed, checked = rank_share(t.cfg.group_size), 0, []
     token_line = [credit.token_lines([t.tokenizer.decode([i]) for i in r.tolist()]) for r in responses]
     with agreed("credit", step, cfg=t.cfg):
         for i in mine:
             check_stop(local=True)  # between two calls, as the rewards' scoring
             lines = group.texts[i].split("\n")
-            verdicts, status = t.scorer.check_steps(lines, problem.get("record") or {})
+            finished = lines[:-1] if group.cut[i] else lines
+            verdicts, status = t.scorer.check_steps(finished, problem.get("record") or {})
             if verdicts is None:
                 failed += 1
                 warn_once(t, "step checker failed", f"warning: step {step}: step_checker {t.cfg.step_checker} "
                           f"{'did not return within verifier_timeout' if status == 'timeout' else 'failed'} on "
                           f"rollout {i}: {t.scorer.last_error} (its lines count as unknown; said once a run, each "
                           "failure is counted: metrics.jsonl's step_checker_failures)")
-                verdicts = [None] * len(lines)
-            checked.append(verdicts)
+                verdicts = [None] * len(finished)
+            checked.append(verdicts + [None] * (len(lines) - len(finished)))
     shares = gather_objects((token_line, checked, failed))
     return [x for s in shares for x in s[0]], [x for s in shares for x in s[1]], sum(s[2] for s in shares)
 
@@ -2558,8 +2577,15 @@ def check_rewards(step: int, values: list[float], rewards: torch.Tensor, scored:
 
 def reward_file(cfg: Config) -> tuple[str, str] | None:
     """reward_function's (absolute path, function name) for the verifier's worker, which loads it; None without one."""
-    path, _, name = cfg.reward_function.rpartition(":")
-    return (str(Path(path).expanduser().resolve()), name) if cfg.reward_function else None
+    return user_function(cfg.reward_function) if cfg.reward_function else None
+
+
+def user_function(setting: str) -> tuple[str, str] | str:
+    """A setting that names a function of one's own, path/to/file.py:name, as (absolute path from the current folder,
+    name): the worker loads that file whatever its folder, and a resumed run that names the same file by another
+    path (./ck.py, /abs/ck.py) names the same function. A built-in's name (step_checker arithmetic) as it is."""
+    path, sep, name = setting.rpartition(":")
+    return (str(Path(path).expanduser().resolve()), name) if sep else setting
 
 
 @contextmanager
@@ -2597,8 +2623,7 @@ def step_checker_spec(cfg: Config) -> str | tuple[str, str] | None:
     """credit=steps' step checker for the verifier's worker: "arithmetic", or a user's (absolute path, name)."""
     if cfg.credit != "steps":
         return None
-    path, _, name = cfg.step_checker.rpartition(":")
-    return "arithmetic" if cfg.step_checker == "arithmetic" else (str(Path(path).expanduser().resolve()), name)
+    return user_function(cfg.step_checker)
 
 
 def try_step_checker(scorer: verifier.TimedVerifier, problem: dict, cfg: Config) -> None:
@@ -2757,17 +2782,15 @@ def step_report(step: int, slots: list[Slot], cfg: Config, epochs: list[dict], c
     if cfg.zero_variance == "resample" or cfg.problems_per_step > 1:
         metrics["problems_drawn"] = len(set_aside) + len(slots)
     if cfg.zero_variance == "resample":
-        metrics["set_aside"] = [dict(problem_index=p["index"], **group_figures(cfg, g)) for p, g in set_aside]
+        metrics["set_aside"] = [dict(problem_index=x.problem["index"], **group_figures(cfg, x.group)) for x in set_aside]
     if cfg.credit in SAMPLED_CREDIT:  # what the credit cost: the groups' tokens and their continuations or branches
-        metrics["generated_tokens"] = sum(s.credit.generated for s in slots) + sum(
-            g.tree.generated if g.tree else sum(g.tokens) for _, g in set_aside)
+        metrics["generated_tokens"] = sum(x.credit.generated for x in set_aside + slots)
     if cfg.credit == "steps":
         metrics.update(line_figures([s.credit for s in slots]))
     metrics["timings"] = clock.timings
     rollouts, tokens = [], []
     for s in slots:
-        rollouts += [r for p, g in s.set_aside for r in group_rollouts(step, p, cfg, g, torch.zeros(len(g.texts)),
-                                                                     [None] * len(g.texts), set_aside=True)]
+        rollouts += [r for x in s.set_aside for r in slot_rollouts(step, x, cfg)]
         mine = slot_rollouts(step, s, cfg)
         rollouts += mine
         tokens += [dict(step=step, problem_index=s.problem["index"], rollout=r["rollout"], reward=r["reward"],
@@ -2779,8 +2802,11 @@ def step_report(step: int, slots: list[Slot], cfg: Config, epochs: list[dict], c
 
 
 def slot_rollouts(step: int, s: Slot, cfg: Config) -> list[dict]:
-    """The trained group's rollouts.jsonl lines, with credit its segments, values and token advantages."""
-    mine = group_rollouts(step, s.problem, cfg, s.group, s.advantages, s.first.seq_log_probs)
+    """The group's rollouts.jsonl lines, with credit its segments, values and token advantages; a group set aside
+    (zero_variance=resample: it had no pass) is marked and has no sequence log-probabilities."""
+    aside = s.first is None
+    mine = group_rollouts(step, s.problem, cfg, s.group, s.advantages,
+                          [None] * cfg.group_size if aside else s.first.seq_log_probs, set_aside=aside)
     for i, r in enumerate(mine if s.credit is not None else []):
         if cfg.credit != "sequence":  # steps: the lines' first tokens, the term each line adds, each line's verdict
             r.update(segments=s.credit.segments[i], values=s.credit.values[i],
@@ -2888,7 +2914,7 @@ def log_step(record: StepRecord, t: Trainer, s: RunState) -> None:
         append_jsonl(s.out / "tokens.jsonl", record.tokens)
     append_jsonl(s.out / "rollouts.jsonl", record.rollouts)
     s.history.append(metrics)
-    say(format_row(metrics, s.extras))
+    say(format_row(metrics, s.extras, t.cfg.group_size * t.cfg.problems_per_step))
     bar_advanced(s.watch.bar, 1, correct=f"{metrics['correct']}/{rollouts_of(metrics)}")
     send_to_trackers(s.watch, step_scalars(metrics, s.history), metrics["step"], record.rollouts)
     bad = next((k for k, m in enumerate(reversed(s.history)) if not m["skipped"]), len(s.history))  # in a row
@@ -2939,11 +2965,15 @@ def _fixed(x: float, digits: int) -> str:
     return s[1:] if s.startswith("-") and float(s) == 0 else s  # never print -0.000000
 
 
-def format_row(m: dict, extras=()) -> str:
+def format_row(m: dict, extras=(), header_rollouts: int = 0) -> str:
     """The step's row with the run's extra columns (table_extras); with ppo_epochs > 1 one row per epoch (its loss,
-    norms, clipped fraction and KL), with zero_variance=resample a marked row for each group set aside before it."""
+    norms, clipped fraction and KL), with zero_variance=resample a marked row for each group set aside before it.
+    header_rollouts: the header's correct/N; a step of fewer rollouts (problems_per_step's last step, which takes
+    the problems left) says its own count, correct/n."""
     columns = table_columns(extras)
-    group = [str(m["correct"]), _fixed(m["reward_mean"], 3), _fixed(m["reward_std"], 6), f"{m['response_tokens']:>4d}"]
+    n = rollouts_of(m)
+    correct = f"{m['correct']}/{n}" if header_rollouts and n != header_rollouts else str(m["correct"])
+    group = [correct, _fixed(m["reward_mean"], 3), _fixed(m["reward_std"], 6), f"{m['response_tokens']:>4d}"]
     lines = [_row([str(m["step"]), str(g["correct"]), _fixed(g["reward_mean"], 3), _fixed(g["reward_std"], 6),
                    f"{g['response_tokens']:>4d}", f"set aside (problem {g['problem_index']})"], columns)
              for g in m.get("set_aside", [])]
@@ -2981,6 +3011,7 @@ def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 
     gen_seconds = sum(m["timings"]["generation"] + m["timings"].get("credit", 0.0) * ("generated_tokens" in m)
                       for m in metrics)
     timeouts = sum(m["verifier_timeouts"] + m["verifier_crashes"] for m in metrics)
+    checks = [m["step_checker_failures"] for m in metrics if "step_checker_failures" in m]  # credit=steps
 
     def listed(steps):
         return ": " + ", ".join(map(str, steps)) if 0 < len(steps) <= 20 else ""
@@ -2993,7 +3024,8 @@ def format_summary(metrics: list[dict], total_seconds: float, first_step: int = 
         f"non-zero gradient       {len(grad_steps)} steps{listed(grad_steps)}",
         f"weights changed         {len(moved)} steps{listed(moved)}",
         f"skipped (non-finite)    {len(skipped)} steps{listed(skipped)}",
-        f"verifier overruns       {timeouts} rollouts scored 0 after a timeout or a crash",
+        f"verifier overruns       {timeouts} rollouts scored 0 after a timeout or a crash" + (
+            f"; {sum(checks)} step checks failed the same way (their lines unknown)" if checks else ""),
         f"total time              {total_time(metrics, total_seconds, first_step)}; generation {gen_tokens} tokens "
         f"at {gen_tokens / gen_seconds if gen_seconds else 0.0:.1f} tokens/s",
     ]
@@ -3374,14 +3406,17 @@ def run_figure(metrics: list[dict], eval_records: list[dict]):
     g = metrics[0]["group_size"] if metrics else 8
     p = max((len(m.get("problems", [0])) for m in metrics), default=1)
     flat = [m["reward_std"] == 0 for m in metrics]
+    # no gradient: grad norm exactly 0. With the spec's credit that is every zero-variance group; with a credit that
+    # gives a zero-variance group a signal (checked lines, monte_carlo's values) or a KL term, some have one
+    still = [m["grad_norm"] == 0 for m in metrics]
     axes[0].bar(steps, [m["correct"] for m in metrics], color=["0.7" if f else "tab:green" for f in flat])
-    if any(flat):  # unclipped: a cross at 0 would be cut in half by the axis (and an empty unclipped line
+    if any(still):  # unclipped: a cross at 0 would be cut in half by the axis (and an empty unclipped line
         # has no extent: constrained layout would collapse every panel)
-        axes[0].plot([s for s, f in zip(steps, flat) if f], [0] * sum(flat), "x", color="tab:red", clip_on=False)
+        axes[0].plot([s for s, z in zip(steps, still) if z], [0] * sum(still), "x", color="tab:red", clip_on=False)
     outside = dict(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, fontsize="small")  # no data under it
     # the bars are one artist of two colours: the legend names each colour itself
-    axes[0].legend([Patch(color="tab:green"), (Patch(color="0.7"), Line2D([], [], ls="", marker="x", color="tab:red"))],
-                   ["correct rollouts", "zero-variance group (no gradient)"], **outside)
+    axes[0].legend([Patch(color="tab:green"), Patch(color="0.7"), Line2D([], [], ls="", marker="x", color="tab:red")],
+                   ["correct rollouts", "zero-variance group", "no gradient (grad norm 0)"], **outside)
     axes[0].set(xlabel="step", ylabel=f"correct / {g}" if p == 1 else f"correct / {p} x {g}", ylim=(0, p * g),
                 title="rewards per step")
     def positive(x):  # a log axis has no 0 (a zero-variance group's gradient): a gap, not a line to the edge
@@ -4282,7 +4317,7 @@ def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | N
     saved.update(yaml.safe_load((ckpt / "config.yaml").read_text()) or {})
     # a decaying schedule spans the run's steps: there num_problems changes every step's learning rate
     may_differ = RESUME_MAY_DIFFER - ({"num_problems"} if cfg.lr_schedule != "constant" else set())
-    differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in may_differ and saved.get(k) != v]
+    differ = [k for k, v in dataclasses.asdict(cfg).items() if k not in may_differ and not same_setting(k, saved.get(k), v)]
     if differ:
         raise UserError(f"cannot resume {ckpt}: these settings differ from the checkpoint's and change the math: "
                         f"{', '.join(differ)}; set them back or start a new run in another output_dir")
@@ -4291,6 +4326,13 @@ def find_resume_checkpoint(cfg: Config, out: Path, holds: list[str]) -> Path | N
         raise UserError(f"cannot resume {ckpt}: it has trained {done} problems but num_problems is "
                         f"{cfg.num_problems}; set num_problems to at least {done}")
     return ckpt
+
+
+def same_setting(key: str, saved, now) -> bool:
+    """A checkpoint's setting and the resuming run's are the same: equal, or the same file's function by two paths."""
+    if key in ("reward_function", "step_checker") and isinstance(saved, str) and saved and now:
+        return user_function(saved) == user_function(now)
+    return saved == now
 
 
 def held_run(out: Path) -> list[str]:

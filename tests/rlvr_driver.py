@@ -5,6 +5,8 @@ variable RLVR_DRIVER (JSON). Nothing here is part of the product.
                         several processes, rollout 0 is rank 0's first)
   flat_answers: [...]   with fake_rewards: the problems with these answers score 0 (zero variance)
   text_rewards: true    a text scores 1 when its length is even (by_text), whoever scores it
+  writes_lines: true    the sampler favours the tiny tokenizer's newline and EOS (writes_lines): responses of
+                        several lines, some ended before max_new_tokens (credit=steps checks finished lines only)
   die_at: [rank, step]  that rank SIGKILLs itself as it starts generating for that step
   hang_at: [rank, step] that rank sleeps (for an hour) as it starts generating for that step
   pause_at: [step, s]   every rank sleeps s seconds as it starts generating for that step (a signal sent when
@@ -40,6 +42,24 @@ def by_text(scorer, texts, gold):
     return [T.Score(1.0, None, "correct") if len(x) % 2 == 0 else T.Score(0.0, None, "wrong") for x in texts]
 
 
+NEWLINE_ID = 199  # the tiny tokenizer's newline byte token "Ċ" (tests/tiny_models.py; a test checks it)
+
+
+def writes_lines(newline: float = 3.0, eos: float = 2.0):
+    """The rollouts' sampler with the tiny model's logits of the newline (+newline) and of EOS (id 0, +eos) raised
+    before temperature and top-p: the random tiny model then writes lines and ends some responses, as a real one
+    does (its own odds of either are about 1 in 320 a token). The draw is still the sampler's, from each rollout's
+    stream."""
+    real = T.sample_next_token
+
+    def sample(logits, temperature, top_p, u):
+        logits = logits.clone()
+        logits[:, NEWLINE_ID] += newline
+        logits[:, 0] += eos
+        return real(logits, temperature, top_p, u)
+    return sample
+
+
 def flat_for(answers):
     """first_rollout_wins, except that the problems with these answers score 0 throughout (zero variance)."""
     def score(scorer, texts, gold):
@@ -53,6 +73,8 @@ def main():
         T.score_rollouts = flat_for(set(opts.get("flat_answers", ())))
     if opts.get("text_rewards"):
         T.score_rollouts = by_text
+    if opts.get("writes_lines"):
+        T.sample_next_token = writes_lines()
     real_streams = T.rollout_streams
 
     def streams(seed, step, rollouts, device):

@@ -316,8 +316,11 @@ def credit_one_process(tiny_model_dir, tiny_data_file, tmp_path_factory):
     mp.setattr(T, "score_rollouts", rlvr_driver.by_text)
     for name, extra in CREDITS.items():
         runs[name] = tmp_path_factory.mktemp(name) / "run"
-        assert T.main(_args(tiny_model_dir, tiny_data_file, runs[name], "num_problems=2", "eval_problems=0",
-                            *extra)) == 0
+        with pytest.MonkeyPatch.context() as lines:
+            if name == "steps":  # finished lines to check (a cut last line is not checked)
+                lines.setattr(T, "sample_next_token", rlvr_driver.writes_lines())
+            assert T.main(_args(tiny_model_dir, tiny_data_file, runs[name], "num_problems=2", "eval_problems=0",
+                                *extra)) == 0
     mp.undo()
     return runs
 
@@ -334,7 +337,7 @@ def test_each_credit_gives_the_one_process_run_on_two_processes(credit_one_proce
     out = tmp_path / "two"
     code, stdout, stderr, _ = _torchrun(_args(tiny_model_dir, tiny_data_file, out, "num_problems=2",
                                               "eval_problems=0", f"sharding={sharding}", *CREDITS[credit]),
-                                        {"text_rewards": True})
+                                        {"text_rewards": True, "writes_lines": credit == "steps"})
     assert code == 0, stderr[-3000:]
     a, b = _jsonl(credit_one_process[credit] / "rollouts.jsonl"), _jsonl(out / "rollouts.jsonl")
     keys = ("step", "rollout", "response", "reward", "advantage", "tokens", "segments", "values", "entropy_mask",

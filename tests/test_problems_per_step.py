@@ -134,7 +134,10 @@ def test_a_finished_run_extended_on_resume_trains_each_problem_up_to_num_problem
     the problems done are counted, not the steps times P); with 6, problem 5 alone; with 3 it is refused."""
     import shutil
     done = tmp_path / "done"
-    _run(tiny_model_dir, tiny_data_file, done, monkeypatch, capsys, "problems_per_step=2", "num_problems=5")
+    table = _run(tiny_model_dir, tiny_data_file, done, monkeypatch, capsys, "problems_per_step=2", "num_problems=5")
+    # the header's correct/8 is two groups of 4; the last step took one problem: its row says its own /4
+    rows = [line.split() for line in table.splitlines() if line.split()[:1] in (["step"], ["1"], ["2"], ["3"])]
+    assert rows[0][1] == "correct/8" and [r[1] for r in rows[1:]] == ["2", "2", "1/4"]
     for n, trained in ((8, [[0, 1], [2, 3], [4], [5, 6], [7]]), (6, [[0, 1], [2, 3], [4], [5]])):
         shutil.copytree(done, tmp_path / f"to{n}")
         out = _run(tiny_model_dir, tiny_data_file, tmp_path / f"to{n}", monkeypatch, capsys, "problems_per_step=2",

@@ -88,6 +88,54 @@ def test_an_all_wrong_group_that_differs_at_line_2_has_a_gradient_on_line_2_alon
     assert got.segments[1] == [0, 2, 4] and checks[0] == (["<5>", "<6>", "<7>"], {"id": 3})
 
 
+def _char_group(texts, cut, rewards, check):
+    """A group whose tokens are its texts' characters (EOS, id 0, after each finished one), a tokenizer that decodes
+    them back, and a trainer whose scorer checks lines with `check`; assign_credit's arguments."""
+    tok = SimpleNamespace(decode=lambda ids, **kw: "".join(chr(i) for i in ids if i))
+    responses = [torch.tensor([ord(c) for c in x] + ([] if c else [0])) for x, c in zip(texts, cut)]
+    calls = []
+
+    def check_steps(lines, record):
+        calls.append(list(lines))
+        return check(lines), "ok"
+    t = SimpleNamespace(cfg=T.Config(group_size=len(texts), credit="steps"), tokenizer=tok, device=torch.device("cpu"),
+                        scorer=SimpleNamespace(check_steps=check_steps), warned=set())
+    r = torch.tensor(rewards, dtype=torch.float32)
+    group = T.Group(texts, [T.Score(float(x), None, "correct" if x else "wrong") for x in rewards],
+                    [len(x) for x in responses], cut, r, T.equal_rewards(r))
+    adv = T.compute_advantages(r, EPS, zero_variance=group.zero_variance)
+    return (1, torch.tensor([1]), responses, group, adv, {"answer": "39", "record": {}}, t), calls
+
+
+def test_a_last_line_cut_at_max_new_tokens_is_unknown_and_moves_no_other_term():
+    """Second lines "27 + 7 = 34", "27 + 7 = 34", "27 + 7 = 35" and, cut mid-number at max_new_tokens, "27 + 7 = 3":
+    the cut line is never checked (nothing was finished there) and is unknown, so line 1 is standardized over the
+    three finished ones, right +(1/3) / (0.57735 + 1e-4) = +0.577 and wrong -1.155, and the cut response's line-1
+    tokens get 0 (judged, it would have been False and -0.866, the others +-0.866)."""
+    texts = ["23 + 4 = 27\n27 + 7 = 34\n", "23 + 4 = 27\n27 + 7 = 34\n", "23 + 4 = 27\n27 + 7 = 35\n",
+             "23 + 4 = 27\n27 + 7 = 3"]
+    args, calls = _char_group(texts, [False, False, False, True], [0.0] * 4, verifier.check_arithmetic)
+    got = T.assign_credit(*args)
+    assert got.verdicts == [[True, True, None]] * 2 + [[True, False, None], [True, None]]
+    assert calls[3] == ["23 + 4 = 27"]  # the cut line is not sent to the checker
+    right, wrong = (1 / 3) / (math.sqrt(1 / 3) + EPS), -(2 / 3) / (math.sqrt(1 / 3) + EPS)
+    assert (round(right, 3), round(wrong, 3)) == (0.577, -1.155)
+    assert got.values[0] == pytest.approx([0.0, right, 0.0], abs=1e-6)
+    assert got.values[2] == pytest.approx([0.0, wrong, 0.0], abs=1e-6) and got.values[3] == [0.0, 0.0]
+    assert set(got.token_advantages[3]) == {0.0}
+    assert got.segments[3] == [0, 12] and got.segments[0] == [0, 12, 24]
+
+
+def test_a_responses_lines_are_split_at_newlines_alone():
+    """"1 + 1 = 2\u2028x\r" is one line (str.splitlines would make three, and a final newline would vanish), so the
+    checker's verdicts stay one per token line."""
+    args, calls = _char_group(["1 + 1 = 2\u2028x\r", "1 + 1 = 2\n"], [False, False], [0.0, 0.0],
+                              lambda lines: [None] * len(lines))
+    got = T.assign_credit(*args)
+    assert calls == [["1 + 1 = 2\u2028x\r"], ["1 + 1 = 2", ""]]
+    assert [len(v) for v in got.verdicts] == [1, 2] and got.segments == [[0], [0, 10]]
+
+
 def test_unknown_lines_and_lines_after_the_first_wrong_one_add_nothing():
     """An unknown line is no verdict: it neither counts in its line's standardization nor stops a response's later
     lines from counting. A line after a response's first wrong one counts for nothing, even if right."""
@@ -120,7 +168,28 @@ def test_a_token_belongs_to_the_line_its_first_character_is_in():
     character); the EOS is in the last line."""
     assert C.token_lines(["2", " +", " 2", " =", " 4", "\n", "4", ".\n", "\nSo", " 4", "<eos>"]) == \
         [0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 3]
-    assert C.line_starts([0, 0, 1, 1, 3, 3]) == [0, 2, 4]
+    assert C.line_starts([0, 0, 1, 1, 3, 3], 4) == [0, 2, 4, 4]
+
+
+def test_a_token_that_closes_two_lines_leaves_one_line_without_a_token_and_a_segment_per_line():
+    """"\n\n" closes line 0 and line 1 (an empty line): "3" is in line 2, not 1. The segments rollouts.jsonl
+    records are one per line, as its values and verdicts: the empty line starts where the next one does, and a last
+    line after a final newline at the response's end."""
+    assert C.token_lines(["1+1=2", "\n\n", "3"]) == [0, 0, 2]
+    assert C.line_starts([0, 0, 2], 3) == [0, 2, 2]
+    assert C.line_starts([0, 0, 1], 3) == [0, 2, 3]
+    got = C.assign_steps("add", torch.zeros(2), [[0, 0, 2], [0, 0, 1]], [[True, None, True], [False, None, None]],
+                         1.0, EPS, None, 1.0, 6)
+    assert got.segments == [[0, 2, 2], [0, 2, 3]]
+    assert [len(s) for s in got.segments] == [len(v) for v in got.values] == [len(v) for v in got.verdicts]
+
+
+def test_a_line_counts_where_some_responses_have_ended():
+    """Line 1 exists in responses 0 and 1 only (response 2 has one line): right and wrong there, +-0.5 / (sample std
+    0.70711 + 1e-4) = +-0.70700681, however short the shortest response is."""
+    terms = C.step_terms([[True, True], [True, False], [True]], EPS)
+    assert [round(t, 8) for t in (terms[0][1], terms[1][1])] == [0.70700681, -0.70700681]
+    assert terms[0][0] == terms[1][0] == terms[2][0] == 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,6 +252,7 @@ def test_a_step_checker_that_cannot_serve_is_one_line_before_step_1(name, why, t
                                             "not one"),
     ("step_weight=-1", "config key 'step_weight' must be a number in [0, 1e6] (0: the spec's credit), got -1.0"),
     ("step_weight=nan", "config key 'step_weight' must be a finite number, got nan"),
+    ("step_weight=1e7", "config key 'step_weight' must be a number in [0, 1e6] (0: the spec's credit), got 10000000.0"),
     ("step_mode=min", "config key 'step_mode' must be one of add, first_error, got 'min'"),
 ])
 def test_bad_step_settings_are_one_line(setting, message, tiny_model_dir, tiny_data_file, tmp_path, capsys):
@@ -199,15 +269,19 @@ def test_a_checker_failing_during_the_run_is_counted_and_said_once(tiny_model_di
     out = tmp_path / "out"
     assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=4", "credit=steps",
                             f"step_checker={CHECKERS}:fails_on_3")) == 0
-    err = capsys.readouterr().err
-    said = [line for line in err.splitlines() if "step_checker" in line]
+    captured = capsys.readouterr()
+    said = [line for line in captured.err.splitlines() if "step_checker" in line]
     assert said == [f"warning: step 4: step_checker {CHECKERS}:fails_on_3 failed on rollout 0: ValueError: three "
                     "(its lines count as unknown; said once a run, each failure is counted: metrics.jsonl's "
                     "step_checker_failures)"]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step_checker_failures"] for m in metrics] == [0, 0, 0, 4]
     assert metrics[3]["lines_checked"] == 0 and metrics[3]["responses_unchecked"] == 1.0
-    assert all(m["lines_unknown"] == 0 and m["lines_right"] > 0 for m in metrics[:3])
+    # every line right, but the unfinished last line of a response cut at max_new_tokens is unknown
+    assert all(m["lines_unknown"] == m["cut_at_limit"] and m["lines_wrong"] == 0 for m in metrics[:3])
+    assert sum(m["lines_right"] for m in metrics[:3]) > 0 and sum(m["cut_at_limit"] for m in metrics[:3]) > 0
+    assert ("verifier overruns       0 rollouts scored 0 after a timeout or a crash; 4 step checks failed the same "
+            "way (their lines unknown)") in captured.out.splitlines()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,6 +293,7 @@ def test_two_problems_a_step_count_every_groups_lines(tiny_model_dir, tiny_data_
     """problems_per_step 2 with the length checker: each step's line figures are its two groups' rollouts.jsonl
     verdicts counted, the table's lines column shows them, and some all-wrong group still trains."""
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [T.Score(0.0, None, "wrong")] * len(texts))
+    monkeypatch.setattr(T, "sample_next_token", rlvr_driver.writes_lines())  # finished lines to check
     out = tmp_path / "out"
     assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=4", "problems_per_step=2",
                             "max_new_tokens=12", "learning_rate=1e-3", "credit=steps",
@@ -243,7 +318,7 @@ def test_two_problems_a_step_count_every_groups_lines(tiny_model_dir, tiny_data_
 
 def _drive(model_dir, data, out, *extra, kill_when=None):
     """The driver in its own process (rewards by the text); with kill_when, SIGKILLed when that text shows."""
-    env = dict(os.environ, RLVR_DRIVER=json.dumps({"text_rewards": True}), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, RLVR_DRIVER=json.dumps({"text_rewards": True, "writes_lines": True}), PYTHONUNBUFFERED="1")
     cmd = [sys.executable, str(ROOT / "tests" / "rlvr_driver.py"),
            *main_args(model_dir, data, out, "num_problems=4", "save_every=1", "learning_rate=1e-3", "credit=steps",
                       f"step_checker={CHECKERS}:by_length", *extra)]
@@ -310,3 +385,70 @@ def test_the_line_figures_of_a_step_with_two_groups():
                SimpleNamespace(verdicts=[[True, None, False], [None]], failed=1)]
     assert T.line_figures(credits) == dict(lines_checked=5, lines_right=3, lines_wrong=2, lines_unknown=5,
                                            responses_unchecked=0.4, step_checker_failures=1)
+
+
+def test_resample_keeps_an_all_wrong_group_whose_lines_give_a_signal(tiny_model_dir, tiny_data_file, tmp_path,
+                                                                     monkeypatch, capsys):
+    """zero_variance=resample decides after the credit: every group is all wrong (reward std 0), yet step 1's lines
+    differ (length checker), so its group is trained (grad norm > 0), not set aside as a zero-variance group would
+    be; a group whose lines give nothing either (problem 1, every A_it 0) is set aside and carries its verdicts."""
+    monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [T.Score(0.0, None, "wrong")] * len(texts))
+    monkeypatch.setattr(T, "sample_next_token", rlvr_driver.writes_lines())
+    out = tmp_path / "out"
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=4", "max_new_tokens=12",
+                            "learning_rate=1e-3", "credit=steps", f"step_checker={CHECKERS}:by_length",
+                            "zero_variance=resample")) == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert all(m["reward_std"] == 0 for m in metrics) and all(m["grad_norm"] > 0 for m in metrics)
+    assert [[g["problem_index"] for g in m["set_aside"]] for m in metrics] == [[], [1], [], [4]]
+    aside = [r for r in rollouts if r.get("set_aside")]
+    assert [r["problem_index"] for r in aside] == [1] * 4 + [4] * 4
+    assert all(set(r["token_advantages"]) == {0.0} and "line_verdicts" in r for r in aside)
+    trained = [r for r in rollouts if not r.get("set_aside") and r["step"] == 1]
+    assert any(a != 0 for r in trained for a in r["token_advantages"])
+    assert "problems drawn          6 for 4 optimizer steps; 2 zero-variance groups set aside" in capsys.readouterr().out
+
+
+def test_the_test_samplers_newline_is_the_tiny_tokenizers(tiny_model):
+    _, tok = tiny_model
+    assert tok.decode([rlvr_driver.NEWLINE_ID]) == "\n" and tok.convert_tokens_to_ids(T.Config().eos_token) == 0
+
+
+def test_a_step_checkers_file_is_found_from_the_folder_the_run_starts_in(tmp_path, monkeypatch):
+    """The worker loads the checker by an absolute path (it may start elsewhere); a resumed run that names the same
+    file by another path (./ck.py, its absolute path) names the same checker, another file does not."""
+    (tmp_path / "ck.py").write_text("def f(lines, record):\n    return [None] * len(lines)\n")
+    monkeypatch.chdir(tmp_path)
+    assert T.step_checker_spec(T.Config(credit="steps", step_checker="ck.py:f")) == (str(tmp_path / "ck.py"), "f")
+    assert T.step_checker_spec(T.Config(credit="steps")) == "arithmetic"
+    assert T.same_setting("step_checker", "./ck.py:f", f"{tmp_path}/ck.py:f")
+    assert not T.same_setting("step_checker", "ck.py:f", "ck.py:g") and not T.same_setting("step_checker", "a.py:f",
+                                                                                             "ck.py:f")
+    assert T.same_setting("reward_function", "./ck.py:f", "ck.py:f") and not T.same_setting("seed", 1, 2)
+
+
+def test_a_run_resumes_with_its_checker_named_by_another_path(tiny_model_dir, tiny_data_file, tmp_path, monkeypatch,
+                                                              capsys):
+    (tmp_path / "ck.py").write_text("def f(lines, record):\n    return [len(x) % 2 == 0 for x in lines]\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=1", "credit=steps",
+                            "step_checker=./ck.py:f")) == 0
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=2", "credit=steps",
+                            f"step_checker={tmp_path / 'ck.py'}:f", "resume=auto")) == 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    capsys.readouterr()
+    (tmp_path / "ck2.py").write_text((tmp_path / "ck.py").read_text())
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=3", "credit=steps",
+                            "step_checker=ck2.py:f", "resume=auto")) == 2
+    one_line_error(capsys, "these settings differ from the checkpoint's and change the math: step_checker")
+
+
+def test_the_lines_column_is_on_a_steps_first_epoch_row_alone():
+    """ppo_epochs 2: one row per epoch; the step's line counts (its group's, checked once) on the first."""
+    e = dict(policy_loss=0.5, grad_norm=1.0, update_norm=0.01, clipped_fraction=0.0)
+    m = dict(step=3, group_size=4, correct=0, reward_mean=0.0, reward_std=0.0, response_tokens=40, seconds=1.5,
+             lines_right=3, lines_wrong=1, lines_unknown=2, epochs=[dict(e, epoch=1), dict(e, epoch=2)])
+    first, second = T.format_row(m, ["epoch", "clipped", "lines r/w/?"]).splitlines()
+    assert first.split()[-2:] == ["3/1/2", "1.5"] and second.split()[-3:] == ["1.000e-02", "2", "0.000"]

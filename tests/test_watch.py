@@ -252,6 +252,19 @@ def _whole_markers(ax):
                     ax.get_title(), line.get_label(), ax.transData.inverted().transform((x, y)))
 
 
+def test_run_png_crosses_the_steps_with_no_gradient_not_every_zero_variance_group():
+    """With credit: steps (or monte_carlo) a zero-variance group can have a gradient: step 2 (0 correct, grad norm
+    2.5) is a grey bar without a cross; the crosses are at the steps whose grad norm is 0."""
+    metrics, _ = _hand_made_run()
+    metrics[1] = dict(metrics[1], grad_norm=2.5, update_norm=0.01)
+    fig = _drawn(T.run_figure(metrics, []))
+    crosses = [line for line in fig.axes[0].get_lines() if line.get_marker() == "x"]
+    assert [list(map(int, line.get_xdata())) for line in crosses] == [[3, 5, 6, 8, 10]]
+    grey = [m["step"] for p, m in zip(fig.axes[0].patches, metrics) if tuple(p.get_facecolor())[:3] != (
+        fig.axes[0].patches[0].get_facecolor()[:3])]
+    assert grey == [2, 3, 5, 6, 8, 10]
+
+
 @pytest.mark.parametrize("evaluated", [True, False])
 def test_run_png_names_every_axis_and_hides_nothing(evaluated):
     metrics, evals = _hand_made_run()
@@ -274,8 +287,11 @@ def test_run_png_names_every_axis_and_hides_nothing(evaluated):
     flat = {tuple(p.get_facecolor()) for p, m in zip(axes[0].patches, metrics) if m["reward_std"] == 0}
     varied = bars - flat
     assert len(flat) == len(varied) == 1
-    assert named.get(flat.pop()) == "zero-variance group (no gradient)"
+    assert named.get(flat.pop()) == "zero-variance group"
     assert named.get(varied.pop()) == "correct rollouts"
+    crosses = [line for line in legend.legend_handles if getattr(line, "get_marker", lambda: None)() == "x"]
+    assert [t.get_text() for h, t in zip(legend.legend_handles, legend.get_texts()) if h in crosses] == [
+        "no gradient (grad norm 0)"]
     # no legend over any data: each lies outside every Axes, inside the figure
     legends = [ax.get_legend() for ax in axes if ax.get_legend()]
     assert len(legends) == (3 if evaluated else 2)
@@ -302,7 +318,7 @@ def test_run_png_lays_out_a_run_without_zero_variance_steps():
     for ax in fig.axes:
         assert ax.get_window_extent().height > fig.dpi, ax.get_title()  # each panel over an inch tall
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
-        "correct rollouts", "zero-variance group (no gradient)"]
+        "correct rollouts", "zero-variance group", "no gradient (grad norm 0)"]
 
 
 def test_run_png_counts_each_steps_p_x_g_rollouts_with_several_problems_a_step():
