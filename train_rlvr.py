@@ -2971,8 +2971,8 @@ def format_row(m: dict, extras=(), header_rollouts: int = 0) -> str:
     header_rollouts: the header's correct/N; a step of fewer rollouts (problems_per_step's last step, which takes
     the problems left) says its own count, correct/n."""
     columns = table_columns(extras)
-    n = rollouts_of(m)
-    correct = f"{m['correct']}/{n}" if header_rollouts and n != header_rollouts else str(m["correct"])
+    n = rollouts_of(m) if header_rollouts else 0
+    correct = f"{m['correct']}/{n}" if n != header_rollouts else str(m["correct"])
     group = [correct, _fixed(m["reward_mean"], 3), _fixed(m["reward_std"], 6), f"{m['response_tokens']:>4d}"]
     lines = [_row([str(m["step"]), str(g["correct"]), _fixed(g["reward_mean"], 3), _fixed(g["reward_std"], 6),
                    f"{g['response_tokens']:>4d}", f"set aside (problem {g['problem_index']})"], columns)
