@@ -216,6 +216,26 @@ def test_the_summary_counts_the_tokens_sampled_not_the_leaves_shared_prefixes_ag
     assert "generation 56 tokens at 28.0 tokens/s" in T.format_summary([spec], 3.0)
 
 
+def test_a_groups_continuations_count_among_the_steps_generated_tokens_when_it_is_set_aside():
+    """zero_variance=resample with monte_carlo: a group is set aside only after its continuations told that it has no
+    signal, so they were sampled: the step's generated tokens are its credit's (40: 24 response tokens and 16 of
+    continuations) plus the trained group's (30)."""
+    cfg = T.Config(group_size=2, credit="monte_carlo", zero_variance="resample")
+
+    def slot(index, tokens, generated, silent):
+        r = torch.tensor([0.0, 0.0] if silent else [1.0, 0.0])
+        group = T.Group(["a", "b"], [T.Score(float(x), None, "wrong") for x in r], tokens, [False, False], r, silent)
+        c = C.Credit([[0.0] * n for n in tokens], [[0], [0]], [[0.0, 0.0]] * 2, None, generated)
+        return T.Slot({"index": index, "answer": "1"}, torch.tensor([1]), [], group, advantages=torch.zeros(2),
+                      credit=c, silent=silent, first=T.Pass(0.0, [None, None]))
+    aside, trained = slot(4, [12, 12], 40, True), slot(5, [10, 8], 30, False)
+    aside.first, trained.set_aside = None, [aside]
+    epoch = dict(epoch=1, policy_loss=0.0, grad_norm=1.0, update_norm=0.1, learning_rate=1e-5)
+    record = T.step_report(2, [trained], cfg, [epoch], T.Stopwatch(torch.device("cpu")))
+    assert record.metrics["generated_tokens"] == 70 and record.metrics["problems_drawn"] == 2
+    assert [r["set_aside"] for r in record.rollouts[:2]] == [True, True] and "set_aside" not in record.rollouts[2]
+
+
 def test_a_value_yaml_reads_as_base_60_is_quoted_as_written(tmp_path, capsys):
     """YAML 1.1 reads 4:2 as 242: on the command line and in a file, the message quotes '4:2'."""
     config = ["--config", str(ROOT / "config.yaml")]

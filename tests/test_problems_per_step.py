@@ -142,6 +142,8 @@ def test_a_finished_run_extended_on_resume_trains_each_problem_up_to_num_problem
         shutil.copytree(done, tmp_path / f"to{n}")
         out = _run(tiny_model_dir, tiny_data_file, tmp_path / f"to{n}", monkeypatch, capsys, "problems_per_step=2",
                    f"num_problems={n}", "resume=auto")
+        # the resumed table shows the steps before it as they were: step 3 of one problem, 1/4
+        assert [line.split()[1] for line in out.splitlines() if line.split()[:1] == ["3"]] == ["1/4"]
         assert [m["problems"] for m in _jsonl(tmp_path / f"to{n}" / "metrics.jsonl")] == trained
         assert f"problems drawn          {n} for {len(trained)} optimizer steps" in out
     code = T.main(main_args(tiny_model_dir, tiny_data_file, done, "learning_rate=1e-3", "save_every=1",

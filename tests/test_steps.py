@@ -264,10 +264,11 @@ def test_bad_step_settings_are_one_line(setting, message, tiny_model_dir, tiny_d
 def test_a_checker_failing_during_the_run_is_counted_and_said_once(tiny_model_dir, tiny_data_file, tmp_path,
                                                                    monkeypatch, capsys):
     """fails_on_3 raises on "What is 3 + 3?" (problem 3, step 4) for each of its 4 responses: its lines are unknown,
-    the step counts 4 failures, the warning is said once; the other steps find every line right."""
+    the step counts 4 failures, the warning is said once, the summary counts them; the other steps find every line
+    right."""
     monkeypatch.setattr(T, "score_rollouts", rlvr_driver.by_text)
     out = tmp_path / "out"
-    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=4", "credit=steps",
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=5", "credit=steps",
                             f"step_checker={CHECKERS}:fails_on_3")) == 0
     captured = capsys.readouterr()
     said = [line for line in captured.err.splitlines() if "step_checker" in line]
@@ -275,11 +276,11 @@ def test_a_checker_failing_during_the_run_is_counted_and_said_once(tiny_model_di
                     "(its lines count as unknown; said once a run, each failure is counted: metrics.jsonl's "
                     "step_checker_failures)"]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step_checker_failures"] for m in metrics] == [0, 0, 0, 4]
+    assert [m["step_checker_failures"] for m in metrics] == [0, 0, 0, 4, 0]
     assert metrics[3]["lines_checked"] == 0 and metrics[3]["responses_unchecked"] == 1.0
     # every line right, but the unfinished last line of a response cut at max_new_tokens is unknown
-    assert all(m["lines_unknown"] == m["cut_at_limit"] and m["lines_wrong"] == 0 for m in metrics[:3])
-    assert sum(m["lines_right"] for m in metrics[:3]) > 0 and sum(m["cut_at_limit"] for m in metrics[:3]) > 0
+    assert all(m["lines_unknown"] == m["cut_at_limit"] and m["lines_wrong"] == 0 for m in metrics[:3] + metrics[4:])
+    assert sum(m["lines_right"] for m in metrics) > 0 and sum(m["cut_at_limit"] for m in metrics[:3]) > 0
     assert ("verifier overruns       0 rollouts scored 0 after a timeout or a crash; 4 step checks failed the same "
             "way (their lines unknown)") in captured.out.splitlines()
 
