@@ -130,6 +130,7 @@ class Config:
     precision: str = "auto"
     compile: str = "auto"
     logprob_batch_size: int = 1
+    prompt_pass: str = "per_response"  # per_response (the spec: prompt + response, one forward each) or shared
     verifier_timeout: float = 2.0
     bad_records: str = "stop"
     max_bad_steps: int = 3
@@ -480,7 +481,8 @@ def backpropagate_group(step: int, s: Slot, t: Trainer, groups: int = 1) -> Pass
                 cfg=t.cfg):
         p = accumulate_policy_gradient(t.model, t.params, s.prompt_ids, s.responses, s.advantages[
             mine.start:mine.stop].to(t.device), t.cfg.group_size, autocast(t.device, t.precision),
-            t.cfg.logprob_batch_size, terms.divisors, terms, s.silent, zero=False)
+            t.cfg.logprob_batch_size, terms.divisors, terms, s.silent, zero=False,
+            shared=t.cfg.prompt_pass == "shared")
     shares = gather_objects((p.loss, p.seq_log_probs, p.kl, p.clipped))
     return Pass(sum(x[0] for x in shares), [x for share in shares for x in share[1]], p.token_log_probs,
                 sum(x[2] for x in shares), sum(x[3] for x in shares))
@@ -507,11 +509,15 @@ def loss_terms(t: Trainer, group: Group, first_pass: list | None, mine: range, w
 
 def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages, group_size, amp,
                                logprob_batch_size: int = 1, divisors: list[int] | None = None,
-                               terms: LossTerms | None = None, silent: bool = False, zero: bool = True) -> Pass:
+                               terms: LossTerms | None = None, silent: bool = False, zero: bool = True,
+                               shared: bool = False) -> Pass:
     """Zero the gradient once (zero=False: add to it), then forward + backward one response at a time (the spec), so only one response's
     graph is alive at once; logprob_batch_size > 1 runs that many per forward + backward (batch_token_log_probs):
-    the same gradient up to float rounding. Every response's term comes from response_loss. A zero-variance group
-    (every A_i = 0) has an exactly-zero gradient: its passes are skipped, unless a KL term gives it one."""
+    the same gradient up to float rounding. shared (prompt_pass: shared): the prompt's forward once for the group
+    (SharedPrompt), each response's forward after it and its backward stopping at it, then one backward through
+    the prompt: the same gradient up to float rounding, the prompt read once, not once per response. Every
+    response's term comes from response_loss. A zero-variance group (every A_i = 0) has an exactly-zero gradient:
+    its passes are skipped, unless a KL term gives it one."""
     if zero:
         zero_gradients(params)
     terms = terms or LossTerms([group_size] * len(responses) if divisors is None else divisors)
@@ -519,15 +525,20 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
         return Pass(0.0, [None] * len(responses))
     losses, seq_lps, token_lps, kls, held = [], [], [], [], []
     size = max(1, int(logprob_batch_size))
+    prompt = shared_prompt(model, prompt_ids, amp) if shared else None
+    with torch.no_grad():
+        ref_prompt = shared_prompt(terms.reference, prompt_ids, amp) if shared and terms.kl_coef else None
     for start in range(0, len(responses), size):
         check_stop()  # safe point for SIGINT/SIGTERM: the weights are untouched until the optimizer step
         chunk = responses[start:start + size]
-        lps = ([token_log_probs(model, prompt_ids, chunk[0], amp)] if len(chunk) == 1
+        lps = (prompt.token_log_probs(model, chunk, amp) if prompt else
+               [token_log_probs(model, prompt_ids, chunk[0], amp)] if len(chunk) == 1
                else batch_token_log_probs(model, prompt_ids, chunk, amp))
         refs = [None] * len(chunk)
         if terms.kl_coef:
             with torch.no_grad():
-                refs = [token_log_probs(terms.reference, prompt_ids, r, amp) for r in chunk]
+                refs = (ref_prompt.token_log_probs(terms.reference, chunk, amp) if ref_prompt else
+                        [token_log_probs(terms.reference, prompt_ids, r, amp) for r in chunk])
         seqs = [sequence_log_prob(lp) for lp in lps]
         parts = [response_loss(advantages[start + j], lp, seq, terms, start + j, ref) for j, (lp, seq, ref) in
                  enumerate(zip(lps, seqs, refs))]
@@ -539,6 +550,8 @@ def accumulate_policy_gradient(model, params, prompt_ids, responses, advantages,
         held += [h for _, _, h in parts if h is not None]
         seq_lps += [seq.detach() for seq in seqs]
         token_lps += [lp.detach() for lp in lps]
+    if prompt:
+        prompt.backward()  # the prompt's share of every response's gradient, summed: one backward through it
     # one host sync for the whole group, not two per response
     loss_values, seq_log_probs = torch.stack([torch.stack(losses), torch.stack(seq_lps)]).tolist()
     total = 0.0
@@ -665,6 +678,54 @@ def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch
     with amp:
         logits = model(ids, use_cache=False, logits_to_keep=longest).logits
     return [gathered_log_probs(logits[i, :len(r)], r) for i, r in enumerate(responses)]
+
+
+@dataclass
+class SharedPrompt:
+    """prompt_pass: shared. The prompt's forward, run once for a group: its keys and values at every layer and the
+    logits of its last position (outputs, with their graph), and float32 leaf copies of them (leaves) that each
+    response's forward reads, so that each response's backward stops there, adding its share to the leaves'
+    gradients. backward() then runs once through the prompt with the sums. The same gradient as the spec's
+    forward over prompt + response per response (attention over the same keys; the sums in another order)."""
+    outputs: list[torch.Tensor]
+    leaves: list[torch.Tensor]
+
+    def token_log_probs(self, model, responses: list[torch.Tensor], amp) -> list[torch.Tensor]:
+        """token_log_probs of each response after the shared prompt, in one forward: row i is response_i[:-1],
+        padded on the right (every pad after the row's real tokens: causal attention never lets a real position
+        see one), after the prompt's keys and values; its first token's log-probability is from the prompt's last
+        logits."""
+        from transformers import DynamicCache
+        *kv, last = self.leaves
+        longest = max(len(r) for r in responses)
+        rest = None
+        if longest > 1:
+            cache, dtypes = DynamicCache(config=model.config), [t.dtype for t in self.outputs]
+            for k in range(0, len(kv), 2):
+                cache.update(*(kv[k + j].to(dtypes[k + j]).expand(len(responses), -1, -1, -1) for j in (0, 1)), k // 2)
+            ids = responses[0].new_zeros(len(responses), longest - 1)
+            for i, r in enumerate(responses):
+                ids[i, :len(r) - 1] = r[:-1]
+            with amp:
+                rest = model(ids, **{cache_arg(model): cache}, use_cache=True).logits
+        return [gathered_log_probs(torch.cat([last.to(self.outputs[-1].dtype)[None], rest[i, :len(r) - 1]])
+                                   if len(r) > 1 else last[None], r) for i, r in enumerate(responses)]
+
+    def backward(self) -> None:
+        pairs = [(o, leaf.grad.to(o.dtype)) for o, leaf in zip(self.outputs, self.leaves) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+
+def shared_prompt(model, prompt_ids: torch.Tensor, amp) -> SharedPrompt:
+    """The prompt's forward for prompt_pass: shared (under torch.no_grad, as for the KL's frozen reference, the
+    leaves are plain copies)."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    with amp:
+        last = model(prompt_ids[None], **{cache_arg(model): cache}, use_cache=True, logits_to_keep=1).logits[0, -1]
+    outputs = [t for layer in cache.layers for t in (layer.keys, layer.values)] + [last]
+    return SharedPrompt(outputs, [t.detach().float().requires_grad_(torch.is_grad_enabled()) for t in outputs])
 
 
 def gathered_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -941,6 +1002,7 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     """The model, optimizer and checked problems; a resumed run's weights, AdamW state and steps. Changes no file."""
     model, tokenizer, eos_id, problems, eval_set, decoders = start_model(cfg, device, precision, eval_set, problems)
     check_memory(cfg, model, problems, device)
+    check_prompt_pass(cfg, model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     buffers, reference = update_norm_buffers(params, device), load_reference(cfg, device, precision)
@@ -1020,6 +1082,8 @@ TREE_WEIGHTINGS = ("leaf", "once")                                            # 
 ANSWER_FORMATS = ("auto", "plain", "gsm8k", "boxed")                          # see reference_answer
 
 LR_SCHEDULES = ("constant", "linear", "cosine")                               # see lr_scheduler
+
+PROMPT_PASSES = ("per_response", "shared")                                    # see SharedPrompt
 
 
 # Keys that may differ between a checkpoint and the run that resumes it: none of them changes a
@@ -1224,6 +1288,7 @@ def run_checks(cfg: Config) -> list[tuple[str, bool, str]]:
         ("seed", 0 <= cfg.seed < 2**63, "an integer in [0, 2**63) (torch's seeds are 64-bit)"),
         ("compile", cfg.compile in ("auto", "true", "false"), "auto, true or false"),
         ("logprob_batch_size", cfg.logprob_batch_size >= 1, "an integer >= 1"),
+        ("prompt_pass", cfg.prompt_pass in PROMPT_PASSES, "one of " + ", ".join(PROMPT_PASSES)),
         # the worker's poll timer takes up to ~24 days (2**31 ms); a day is more than any answer needs
         ("verifier_timeout", 0 < cfg.verifier_timeout <= 86400, "a number of seconds in (0, 86400]"),
         ("bad_records", cfg.bad_records in ("stop", "skip"), "stop or skip"),
@@ -1756,6 +1821,17 @@ def check_memory(cfg: Config, model, problems: list[dict], device: torch.device)
         raise UserError(f"{what} with max_new_tokens {cfg.max_new_tokens} needs at least "
                         f"{need / 1e9:.1f} GB on {device} for generation, but {have / 1e9:.1f} GB are available; "
                         f"lower group_size{', problems_per_step' if cfg.problems_per_step > 1 else ''} or max_new_tokens")
+
+
+def check_prompt_pass(cfg: Config, model) -> None:
+    """prompt_pass: shared reads each response after the prompt's keys and values of every layer: a model whose
+    cache keeps a window of them (sliding-window attention) would see fewer than the spec's forward does."""
+    from transformers import DynamicCache
+    kinds = {type(layer).__name__ for layer in DynamicCache(config=model.config).layers}
+    if cfg.prompt_pass == "shared" and kinds != {"DynamicLayer"}:
+        raise UserError(f"prompt_pass shared needs a model whose every layer attends to the whole sequence; "
+                        f"{cfg.model} has cache layers {', '.join(sorted(kinds))} (sliding-window attention); set "
+                        "prompt_pass: per_response")
 
 
 def available_memory(device: torch.device) -> int:
