@@ -234,7 +234,7 @@ def read_gsm8k(folder: str | None, split: str) -> tuple[Path, list[dict]]:
         with opener(path, "rt", encoding="utf-8") as f:
             text = f.read()
     except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
-        fail(f"{path} cannot be read ({type(e).__name__}: {e}); fetch it again")
+        fail(f"{path} cannot be read ({type(e).__name__}: {e}); fetch the file again")
     records = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -247,7 +247,8 @@ def read_gsm8k(folder: str | None, split: str) -> tuple[Path, list[dict]]:
                                                for k in ("question", "answer")):
             fail(f"{path} line {n} is not a GSM8K record (an object with a non-empty question and answer); fetch "
                  "the file again")
-        if not r["answer"].rpartition("####")[2].strip():
+        _, marker, final = r["answer"].rpartition("####")
+        if not marker or not final.strip():
             fail(f"{path} line {n}: its answer does not end in '#### N' (GSM8K's final answer); fetch the file again")
         records.append({"question": r["question"], "answer": r["answer"]})
     return path, records
