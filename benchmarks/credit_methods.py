@@ -1,6 +1,7 @@
 """Which step earned the reward: the credit methods side by side on SmolLM2-135M-Instruct (docs/variants.md).
 
     python examples/make_smollm2.py runs/smollm2 && python examples/make_smollm2.py runs/smollm2 --problems-only --task sum3
+    python examples/make_smollm2.py runs/smollm2 --problems-only --task gsm8k --gsm8k-dir ../shared/data   # gsm8k
     python benchmarks/credit_methods.py --tasks sum3 addition --seeds 0 1 2 --on heldout --out runs/credit
     python benchmarks/credit_methods.py --tasks sum3 addition --seeds 0 1 2 --on heldout --out runs/credit --add-sampled
     python benchmarks/credit_methods.py --out runs/credit --summary      # every run, then each method over seeds
@@ -21,15 +22,21 @@ credit62_heldout.json (runs/credit62-dev, runs/credit62: credit=steps, with thei
 docs/variants.md has the commands of each.
 
 Each (task, method, seed) is one ordinary run, `python train_rlvr.py --config examples/smollm2_sum3.yaml` (task
-sum3) or `examples/smollm2.yaml` (addition) with the method's settings, `seed=..` and greedy evaluation of the
-200 --on problems before step 1 and after the last step (step 50; `--set num_problems=N`: N steps, the spec's
-credit given a slower method's seconds), in its own process, one at a time. The methods:
+sum3; sum4, sum5: smollm2_sum4.yaml, smollm2_sum5.yaml), `examples/smollm2.yaml` (addition) or
+`examples/smollm2_gsm8k.yaml` (gsm8k: GSM8K's word problems, worked in sentences) with the method's settings,
+`seed=..` and greedy evaluation of the 200 --on problems before step 1 and after the last step (step 50;
+`--set num_problems=N`: N steps, the spec's credit given a slower method's seconds), in its own process, one at a
+time. The tasks' problem sets are the model folder's, examples/make_smollm2.py's (--task). The methods:
   sequence     the spec (credit=sequence)
   monte_carlo  credit=monte_carlo (credit_samples and credit_segment_tokens as the yaml or the defaults say)
   tree         credit=tree (tree_branching 2,2,2)
   entropy      top_entropy_quantile=0.2 (the spec's credit, the policy term on the top 20 % entropy tokens)
   steps        credit=steps with the built-in arithmetic checker
   steps_chain  credit=steps with the sum tasks' chain checker (examples/sum_steps.py:chain)
+  steps_grounded  credit=steps with the built-in grounded checker (step_checker=grounded: arithmetic stated in a
+               sentence, "so he bought 120 + 2 = 140 rabbits", for gsm8k's lines)
+--errors, --masks and --operands read the sum tasks' lines: --errors says a gsm8k run is not read, --operands passes
+over it (its problems are not sums), --masks names its tokens by the sums' kinds.
 Figures, all from the run's files: greedy before -> after and the exact McNemar p (eval_summary.json), the
 tokens generated in the steps (metrics.jsonl: generated_tokens, or response_tokens for the spec's credit),
 the steps' seconds, and the points gained per million generated tokens; with --sampled (or later, for the
@@ -54,9 +61,12 @@ from smollm2_learning import read_eval, run  # noqa: E402
 
 METHODS = {"sequence": [], "monte_carlo": ["credit=monte_carlo"], "tree": ["credit=tree"],
            "entropy": ["top_entropy_quantile=0.2"],
-           "steps": ["credit=steps"], "steps_chain": ["credit=steps", "step_checker=examples/sum_steps.py:chain"]}
+           "steps": ["credit=steps"], "steps_chain": ["credit=steps", "step_checker=examples/sum_steps.py:chain"],
+           "steps_grounded": ["credit=steps", "step_checker=grounded"]}
 TASKS = {"sum3": ("examples/smollm2_sum3.yaml", "sum3-"), "addition": ("examples/smollm2.yaml", ""),
-         "sum4": ("examples/smollm2_sum4.yaml", "sum4-"), "sum5": ("examples/smollm2_sum5.yaml", "sum5-")}
+         "sum4": ("examples/smollm2_sum4.yaml", "sum4-"), "sum5": ("examples/smollm2_sum5.yaml", "sum5-"),
+         "gsm8k": ("examples/smollm2_gsm8k.yaml", "gsm8k-")}
+SUMS = ("sum3", "addition", "sum4", "sum5")  # the tasks whose problems are sums (--errors reads their lines)
 PHASES = ("generation", "rewards", "credit", "logprob_backward", "optimizer")  # metrics.jsonl's timings
 
 
@@ -500,6 +510,8 @@ def check_inputs(args, model: Path, out: Path) -> None:
     missing = [t for t in args.tasks if not (model / names[t]).is_file()]
     if missing:  # the addition sets come with the model; a sum task's are written on their own, named by --task
         how = "" if missing[0] == "addition" else f" (--problems-only --task {missing[0]} for the {missing[0]} task)"
+        if missing[0] == "gsm8k":  # read from GSM8K's own files
+            how = " --problems-only --task gsm8k --gsm8k-dir DIR (DIR: GSM8K's files, e.g. ../shared/data)"
         fail(f"{model} has no {names[missing[0]]}; run python examples/make_smollm2.py {args.model}{how}")
 
 
@@ -588,6 +600,10 @@ def main() -> int:
                     print(f"{folder.name}: {found}")
             elif args.errors:
                 task = next((t for t in TASKS if folder.name.startswith(t + "-")), None)
+                if task and task not in SUMS:  # credit_diagnostic.lines_right reads a sum's lines
+                    print(f"{folder.name}: not read (--errors checks the lines of a sum task's responses; {task}'s "
+                          "problems are not sums)")
+                    continue
                 train = model / (TASKS[task][1] + "train.json") if task else None
                 if train is None or not train.is_file():
                     print(f"{folder.name}: not read (no task's training set in {model} for it)")

