@@ -193,8 +193,7 @@ class Trainer:
     device: torch.device
     precision: str
     eos_id: int
-    weights_before: list
-    state_before: dict = dataclasses.field(default_factory=dict)
+    copies: StepCopies  # what optimizer_step measures the update against and undoes a non-finite step from
     scorer: verifier.TimedVerifier | None = None  # started with the loop
     reference: torch.nn.Module | None = None  # kl_coef > 0: the frozen starting weights (load_reference)
     decoders: Decoders = dataclasses.field(default_factory=lambda: Decoders())
@@ -780,34 +779,37 @@ def step_or_skip(slots: list[Slot], loss: float, t: Trainer) -> tuple[float, flo
     moments and step count stay as they are; grad norm and update norm 0."""
     if t.cfg.zero_variance == "skip" and all(s.silent for s in slots):
         return 0.0, 0.0
-    return optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.weights_before, t.state_before)
+    return optimizer_step(t.params, t.optimizer, t.cfg.max_grad_norm, loss, t.copies)
 
 
-def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0,
-                   before: list[torch.Tensor] | None = None, state_before: dict | None = None
+def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0, copies: StepCopies | None = None
                    ) -> tuple[float, float | None]:
     """clip_grad_norm_ (it returns the norm BEFORE clipping), then one AdamW step; the update norm is measured
-    against a copy of the weights in `before` (update_norm_buffers). A non-finite loss or gradient norm skips the
+    against a copy of the weights taken before it (copies.before). A non-finite loss or gradient norm skips the
     step (update norm None); a step that leaves a weight non-finite (a far too large learning rate) is undone from
-    `before` and a copy of the AdamW state (`state_before`), on every rank under fsdp."""
+    that copy and a copy of the AdamW state, on every rank under fsdp. Only a step that could leave one non-finite
+    (step_could_overflow) pays for the state's copy and the finiteness check: with the spec's settings none can."""
     total = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     grad_norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # fsdp: a DTensor
     if not (math.isfinite(grad_norm) and math.isfinite(loss)):
         return grad_norm, None
-    if before is None:
-        before = [torch.empty_like(local(p), dtype=torch.float32) for p in params]
-    for b, p in zip(before, params):
-        b.copy_(local(p).detach(), non_blocking=True)  # stream-ordered before the step's in-place updates
-    saved = snapshot_optimizer_state(optimizer, {} if state_before is None else state_before, before[0].device)
-    optimizer.step()
+    copies = copies or StepCopies(update_norm_buffers(params, torch.device("cpu")))
     weights = [local(p).detach() for p in params]
-    if max_over_ranks(not all_finite(weights)):
-        with torch.no_grad():
-            for w, b in zip(weights, before):
-                w.copy_(b)
-        restore_optimizer_state(optimizer, saved)
-        return grad_norm, None
-    moved = update_norm(before, weights)
+    for b, w in zip(copies.before, weights):
+        b.copy_(w, non_blocking=True)  # stream-ordered before the step's in-place updates
+    risky = step_could_overflow(optimizer, copies, weights)
+    saved = snapshot_optimizer_state(optimizer, copies.state, copies.before[0].device) if risky else None
+    optimizer.step()
+    if risky:
+        finite, copies.largest = weights_range(weights)
+        if not finite:
+            with torch.no_grad():
+                for w, b in zip(weights, copies.before):
+                    w.copy_(b)
+            restore_optimizer_state(optimizer, saved)
+            copies.largest = None  # measured again before the next step
+            return grad_norm, None
+    moved = update_norm(copies.before, weights)
     return grad_norm, math.sqrt(sum_over_ranks(moved * moved)) if RANKS.sharding == "fsdp" else moved
 
 
@@ -1005,8 +1007,8 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     check_prompt_pass(cfg, model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    buffers, reference = update_norm_buffers(params, device), load_reference(cfg, device, precision)
-    t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id, buffers, reference=reference,
+    copies, reference = StepCopies(update_norm_buffers(params, device)), load_reference(cfg, device, precision)
+    t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id, copies, reference=reference,
                 decoders=decoders)
     trains = min(cfg.num_problems, len(problems))  # load_records refuses a data set short of num_problems
     s = RunState(od.path, argv, problems, list(eval_set), run_steps(trains, cfg), trains, table_extras(cfg))
@@ -2728,29 +2730,65 @@ def reward_function_unusable(cfg: Config, why: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # The optimizer step's update norm, undo and copies
 
+@dataclass
+class StepCopies:
+    """What optimizer_step keeps from step to step: a float32 copy of the weights before each step (update_norm_buffers;
+    the update norm is measured against it and a non-finite step undone from it), the copies of AdamW's state a
+    step that could overflow takes first (snapshot_optimizer_state), and an upper bound on the largest |weight|
+    (None: to be measured), which decides whether a step could overflow."""
+    before: list[torch.Tensor]
+    state: dict = dataclasses.field(default_factory=dict)
+    largest: float | None = None
+
+
+OVERFLOW_MARGIN = 1e37  # float32 holds up to 3.4e38: a bound below this is finite with room for the bound's rounding
+
+
+def step_could_overflow(optimizer, copies: StepCopies, weights: list[torch.Tensor]) -> bool:
+    """Whether AdamW's next step could leave a weight non-finite; where it cannot, no state copy and no finiteness
+    check are needed (the same step, the same numbers, two passes over the model fewer). AdamW's step is
+      w' = w (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps),     m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t)
+    and for any finite gradients (the step is taken only with a finite gradient norm) Cauchy-Schwarz bounds the
+    ratio: m_t = (1 - b1) sum_k b1^(t-k) g_k and v_t = (1 - b2) sum_k b2^(t-k) g_k^2 give
+      |m_hat| / sqrt(v_hat) <= (1 - b1) / (1 - b1^t) sqrt((1 - b2^t) / (1 - b2)) sqrt(sum_{j<t} (b1^2 / b2)^j)
+    (1 at t = 1; at most 7.3 for PyTorch's betas 0.9, 0.999), so |w'| <= largest |1 - lr wd| + lr bound. A bound
+    under OVERFLOW_MARGIN (with 0.1 % more for rounding) cannot overflow, and becomes the next step's `largest`;
+    otherwise the step is taken with the state copied and the weights checked (and `largest` measured). Another
+    optimizer than AdamW, several parameter groups or betas without the bound (b1^2 >= b2): always checked."""
+    group = optimizer.param_groups[0]
+    (b1, b2), lr, wd = group["betas"], float(group["lr"]), float(group["weight_decay"])
+    if (type(optimizer) is not torch.optim.AdamW or len(optimizer.param_groups) > 1 or group["amsgrad"]
+            or group["maximize"] or not b1 * b1 < b2):
+        return True
+    if copies.largest is None:
+        finite, copies.largest = weights_range(weights)
+        if not finite:
+            return True
+    t = 1 + max((int(s["step"]) for s in optimizer.state.values()), default=0)
+    r = b1 * b1 / b2
+    ratio = (1 - b1) / (1 - b1 ** t) * math.sqrt((1 - b2 ** t) / (1 - b2) * (1 - r ** t) / (1 - r))
+    after = copies.largest * abs(1 - lr * wd) + lr * ratio * 1.001
+    if not after < OVERFLOW_MARGIN:  # NaN too
+        return True
+    copies.largest = after
+    return False
+
+
+def weights_range(weights: list[torch.Tensor]) -> tuple[bool, float]:
+    """Whether every weight is finite, and the largest |weight|, over every rank (fsdp: each holds a shard): each
+    tensor's min and max (a NaN turns both NaN; no overflow, no copy of a weight)."""
+    ends = torch.stack([torch.stack(torch.aminmax(w)).float() for w in weights if w.numel()])
+    largest = max_over_ranks(float(ends.abs().max()) if bool(ends.isfinite().all()) else math.inf)
+    return math.isfinite(largest), largest
+
+
 def update_norm(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
-    """The norm of weights - before: float32 differences, per-tensor norms in float64 combined in float64. On a GPU
-    `before` is overwritten in place (no second copy of the weights). On the CPU each difference passes through two
-    scratch buffers the size of the largest tensor, the same numbers: where a float64 copy of every tensor at once
-    would be new memory every step (1 GB of page faults for SmolLM2: 0.4 s, now 0.1 s)."""
+    """The norm of weights - before: float32 differences (into `before`, in place: no second copy of the weights,
+    and the next step copies the weights again), per-tensor norms in float64 combined in float64."""
     if before[0].device != weights[0].device:
         return update_norm_across_devices(before, weights)
-    if weights[0].device.type != "cpu":
-        torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
-        return _combined_norm(torch._foreach_norm(before, 2, dtype=torch.float64))
-    largest = max(b.numel() for b in before)
-    diff, wide, norms = before[0].new_empty(largest), before[0].new_empty(largest, dtype=torch.float64), []
-    for b, w in zip(before, weights):
-        d = torch.sub(b, w, out=diff[:b.numel()].view(b.shape))
-        norms.append(torch.linalg.vector_norm(wide[:b.numel()].view(b.shape).copy_(d)))
-    return _combined_norm(norms)
-
-
-
-def all_finite(weights: list[torch.Tensor]) -> bool:
-    """Whether every weight is finite: each tensor's min and max (a NaN turns both NaN; no overflow, no copy of a
-    weight). 26 ms for SmolLM2's 540 MB on 2 cores, where a max-|w| norm took 200 ms."""
-    return bool(torch.stack([torch.stack(torch.aminmax(w)) for w in weights if w.numel()]).isfinite().all())
+    torch._foreach_sub_(before, weights)  # before - after, in place: exact for small updates
+    return _combined_norm(torch._foreach_norm(before, 2, dtype=torch.float64))
 
 
 def update_norm_across_devices(before: list[torch.Tensor], weights: list[torch.Tensor]) -> float:

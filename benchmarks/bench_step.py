@@ -138,7 +138,7 @@ class TrainerVariant:
         self.cfg = T.Config(group_size=args.group, max_new_tokens=args.new_tokens, temperature=0.8, top_p=0.9,
                             device=str(device), precision=self.precision, compile=args.compile,
                             logprob_batch_size=args.logprob_batch_size)
-        self.weights_before = T.update_norm_buffers(self.params, device)  # as run() does
+        self.copies = T.StepCopies(T.update_norm_buffers(self.params, device))  # as run() does
         self.decoders = T.Decoders()  # the compiled decoder kept from step to step, as the Trainer holds it
         self.decoders.plan("rollouts", [{"prompt_ids": prompt_ids.tolist()}], args.new_tokens)
         self.steps_done = 0
@@ -167,7 +167,7 @@ class TrainerVariant:
         sync(d)
         t["logprob_backward"] = time.perf_counter() - s
         s = time.perf_counter()
-        T.optimizer_step(self.params, self.optimizer, self.cfg.max_grad_norm, 0.0, self.weights_before)
+        T.optimizer_step(self.params, self.optimizer, self.cfg.max_grad_norm, 0.0, self.copies)
         sync(d)
         t["optimizer"] = time.perf_counter() - s
         t["step"] = time.perf_counter() - t0

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     models = {name: load(args.model) for name in ("rlvr", "bare")}
     params = {k: [p for p in m.parameters() if p.requires_grad] for k, m in models.items()}
     optimizers = {k: torch.optim.AdamW(ps, lr=3e-6, weight_decay=0.01) for k, ps in params.items()}
-    before, state = T.update_norm_buffers(params["rlvr"], torch.device("cpu")), {}
+    copies = T.StepCopies(T.update_norm_buffers(params["rlvr"], torch.device("cpu")))
     g = torch.Generator().manual_seed(0)
     times = {"rlvr": [], "bare": []}
     norms = []
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.grad = x * scale
             start = time.perf_counter()
             if name == "rlvr":
-                norms.append(T.optimizer_step(params[name], optimizers[name], 1.0, 0.0, before, state))
+                norms.append(T.optimizer_step(params[name], optimizers[name], 1.0, 0.0, copies))
             else:
                 torch.nn.utils.clip_grad_norm_(params[name], 1.0)
                 optimizers[name].step()

@@ -30,25 +30,27 @@ def _state(opt, params):
 
 
 def test_a_step_that_makes_a_weight_non_finite_is_undone_with_its_adamw_state(tiny_model):
+    """A finite step at 1e-3, one at 1e37 (weights near 1e37, still finite: taken, its state copied first), then
+    another at 1e37, whose weight decay w (1 - lr wd) overflows float32: the weights and every AdamW state tensor
+    are as they were before it."""
     model, _ = tiny_model
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
     for p in params:
         p.grad = torch.randn_like(p)
-    _, moved = T.optimizer_step(params, opt, 1.0)
-    assert moved > 0
-    weights, state = [p.detach().clone() for p in params], _state(opt, params)
-    real_step = opt.step
-
-    def overflowing_step():  # the real AdamW step (it updates every state tensor), then a weight overflows
-        real_step()
-        with torch.no_grad():
-            params[3].view(-1)[0] = float("inf")
-    opt.step = overflowing_step
+    copies = T.StepCopies(T.update_norm_buffers(params, torch.device("cpu")))
+    _, moved = T.optimizer_step(params, opt, 1.0, 0.0, copies)
+    assert moved > 0 and copies.state == {}  # a step that cannot overflow copies no state
+    opt.param_groups[0]["lr"] = 1e37
     for p in params:
         p.grad = torch.randn_like(p)
-    grad_norm, moved = T.optimizer_step(params, opt, 1.0)
-    assert moved is None and grad_norm > 0
+    _, moved = T.optimizer_step(params, opt, 1.0, 0.0, copies)
+    assert 1e36 < copies.largest < 3.4e38 and moved > 0 and copies.state  # could overflow: checked, and it did not
+    weights, state = [p.detach().clone() for p in params], _state(opt, params)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    grad_norm, moved = T.optimizer_step(params, opt, 1.0, 0.0, copies)
+    assert moved is None and grad_norm > 0 and copies.state
     assert all(torch.equal(p, w) for p, w in zip(params, weights))
     after = _state(opt, params)
     assert after.keys() == state.keys()
@@ -56,9 +58,7 @@ def test_a_step_that_makes_a_weight_non_finite_is_undone_with_its_adamw_state(ti
         assert state[key].keys() == after[key].keys()
         assert all(torch.equal(after[key][k], v) if torch.is_tensor(v) else after[key][k] == v
                    for k, v in state[key].items())
-    fresh = torch.optim.AdamW(params, lr=1e-3)  # the run's first step undone: no state at all
-    fresh_step = fresh.step
-    fresh.step = lambda: (fresh_step(), params[0].data.view(-1).__setitem__(0, float("nan")))
+    fresh = torch.optim.AdamW(params, lr=1e37)  # the run's first step undone: no state at all
     assert T.optimizer_step(params, fresh, 1.0)[1] is None and len(fresh.state) == 0
     assert all(torch.equal(p, w) for p, w in zip(params, weights))
 

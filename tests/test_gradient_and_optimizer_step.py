@@ -148,15 +148,14 @@ def test_the_optimizer_step_gives_the_same_numbers_with_its_copies_on_either_sid
             monkeypatch.setattr(T, "update_norm", T.update_norm_across_devices)
         params = [p for p in copy.deepcopy(model).parameters()]
         opt = torch.optim.AdamW(params, lr=1e-3)
-        before, state_before, norms = T.update_norm_buffers(params, torch.device("cpu")), {}, []
+        copies, norms = T.StepCopies(T.update_norm_buffers(params, torch.device("cpu"))), []
         for step in range(3):
             g = torch.Generator().manual_seed(step)
             for p in params:
                 p.grad = torch.randn(p.shape, generator=g)
-            if step == 2:  # this step leaves a weight infinite: it is undone
-                real_step = opt.step
-                opt.step = lambda: (real_step(), params[1].data.view(-1).__setitem__(0, float("inf")))
-            norms.append(T.optimizer_step(params, opt, 1.0, 0.0, before, state_before))
+            if step == 1:  # weights near 1e37, still finite; at step 2 the weight decay overflows: undone
+                opt.param_groups[0]["lr"] = 1e37
+            norms.append(T.optimizer_step(params, opt, 1.0, 0.0, copies))
         runs.append((norms, [p.detach().clone() for p in params],
                      [{k: v.clone() for k, v in opt.state[p].items()} for p in params]))
     (norms, weights, state), (norms2, weights2, state2) = runs
@@ -166,10 +165,12 @@ def test_the_optimizer_step_gives_the_same_numbers_with_its_copies_on_either_sid
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
-def test_all_finite_finds_any_non_finite_weight_without_overflow(bad):
+def test_weights_range_finds_any_non_finite_weight_without_overflow(bad):
     """optimizer_step's undo test: each tensor's min and max. A NaN anywhere, +inf or -inf is found; the
-    largest finite float32 (whose square or sum would overflow) is finite; an empty shard (fsdp) is skipped."""
-    w = [torch.full((3, 4), 3.4e38), torch.zeros(0), torch.randn(1000).to(torch.bfloat16)]
+    largest finite float32 (whose square or sum would overflow) is finite, and the largest |weight|; an empty
+    shard (fsdp) is skipped."""
+    w = [torch.full((3, 4), -3.0e38), torch.zeros(0), torch.randn(1000).to(torch.bfloat16)]
     if bad is not None:
         w[2][517] = bad
-    assert T.all_finite(w) is (bad is None)
+    finite, largest = T.weights_range(w)
+    assert finite is (bad is None) and (largest == pytest.approx(3.0e38, rel=1e-6) if bad is None else largest == math.inf)

@@ -156,7 +156,7 @@ def _trainer(model, zero_variance):
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-2)
     cfg = SimpleNamespace(zero_variance=zero_variance, max_grad_norm=1.0)
-    return SimpleNamespace(cfg=cfg, params=params, optimizer=opt, weights_before=None, state_before={})
+    return SimpleNamespace(cfg=cfg, params=params, optimizer=opt, copies=None)
 
 
 @pytest.mark.parametrize("mode", ["step", "skip"])
