@@ -35,7 +35,7 @@ import verifier  # noqa: E402
 
 TASKS = {"addition": ("examples/smollm2.yaml", ""), "sum3": ("examples/smollm2_sum3.yaml", "sum3-"),
          "sum4": ("examples/smollm2_sum4.yaml", "sum4-"), "sum5": ("examples/smollm2_sum5.yaml", "sum5-")}
-LINE = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*=\s*(\d+)")
+LINE = re.compile(r"^\s*(?:[-*+]\s+)?(\d+)\s*\+\s*(\d+)\s*=\s*(\d+)")
 
 
 def lines_right(problem: str, response: str) -> list[bool]:

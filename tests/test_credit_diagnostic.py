@@ -87,3 +87,14 @@ def test_a_damaged_model_is_the_trainers_one_line_and_exit_2(folder, capsys, mon
     line = one_line_error(capsys)
     assert line.startswith(f"error: could not load model '{folder}' at revision ")
     assert line.endswith("; set model: to a hub id or a local folder")
+
+
+def test_lines_right_reads_a_markdown_bullet_and_checks_the_running_sum():
+    """A chain written as a markdown list is read as examples/sum_steps.py's chain reads it: on 23 + 4 + 7,
+    "- 23 + 4 = 27" and "* 27 + 7 = 34" are both right; "+ 27 + 7 = 35" is wrong at its sum, "20 + 4 = 27" at its
+    running sum (23, not 20); "-23 + 4 = 27" (a minus sign, no space) is no chain line."""
+    right = credit_diagnostic.lines_right
+    assert right("23 + 4 + 7", "- 23 + 4 = 27\n* 27 + 7 = 34\n\\boxed{34}") == [True, True]
+    assert right("23 + 4 + 7", "- 23 + 4 = 27\n+ 27 + 7 = 35\n\\boxed{35}") == [True, False]
+    assert right("23 + 4 + 7", "20 + 4 = 27\n27 + 7 = 34") == [False, True]
+    assert right("23 + 4 + 7", "-23 + 4 = 27") == [False, False]
