@@ -775,7 +775,7 @@ def test_two_modes_in_one_call_are_one_line_and_exit_2(modes, tmp_path, monkeypa
     assert e.value.code == 2
     first, second = sorted(modes, key=lambda m: credit_methods.MODES.index(m[2:].replace("-", "_")))[:2]
     assert one_line_error(capsys) == (f"error: {first} and {second} are two modes, and each does its one thing and "
-                                      "stops; pass one of them a call")
+                                      "stops; pass one, and the other in a call of its own")
     assert (out / "results.json").read_text() == "[]"
 
 
