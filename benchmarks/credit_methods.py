@@ -577,8 +577,8 @@ def check_inputs(args, model: Path, out: Path) -> None:
     --out is a folder, or can be made one. One mode a call: two together (--summary --add-lines) are refused."""
     chosen = [f"--{m.replace('_', '-')}" for m in MODES if getattr(args, m)]
     if len(chosen) > 1:  # each mode does its one thing and stops: the second would be ignored, silently
-        fail(f"{chosen[0]} and {chosen[1]} are two modes, and each does its one thing and stops; pass one, and the other "
-             "in a call of its own")
+        fail(f"{chosen[0]} and {chosen[1]} are two modes, and each does its one thing and stops; pass one, and the "
+             "other in a call of its own")
     blocker = next(p for p in (out, *out.parents) if p.exists())
     if not blocker.is_dir():
         fail(f"--out {out}: {blocker} is a file; pass --out a folder (runs/credit by default)")
