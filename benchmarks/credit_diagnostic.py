@@ -35,7 +35,7 @@ import verifier  # noqa: E402
 
 TASKS = {"addition": ("examples/smollm2.yaml", ""), "sum3": ("examples/smollm2_sum3.yaml", "sum3-"),
          "sum4": ("examples/smollm2_sum4.yaml", "sum4-"), "sum5": ("examples/smollm2_sum5.yaml", "sum5-")}
-LINE = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*=\s*(\d+)")
+LINE = re.compile(r"^\s*(?:[-*+]\s+)?(\d+)\s*\+\s*(\d+)\s*=\s*(\d+)")
 
 
 def lines_right(problem: str, response: str) -> list[bool]:
@@ -92,6 +92,40 @@ def sample(model, prompts: list[torch.Tensor], cfg, eos_id: int, seed: int, samp
     return groups, greedy
 
 
+def dev_problems(dev: Path, n: int, fix: str) -> tuple[list[dict], str | None]:
+    """The first n records of a task's dev problems, checked before the model is loaded (the figures read each one as
+    a sum, after minutes of sampling): a JSON list of objects whose problem is a sum of whole numbers, as many in each
+    as in the first, and whose answer is that sum. Returns the records and None, or [] and the one-line mistake."""
+    try:
+        records = json.loads(dev.read_text())
+    except ValueError as e:  # not JSON (JSONDecodeError), or not text (UnicodeDecodeError)
+        return [], f"{dev} is not JSON ({e}); {fix}"
+    if not isinstance(records, list):
+        kind = {dict: "an object", str: "a string", bool: "true or false", type(None): "null"}.get(type(records),
+                                                                                                  "a number")
+        return [], f"{dev} holds {kind}, not a list of problems; {fix}"
+    if not records:
+        return [], f"{dev} holds no problem; {fix}"
+    count = None
+    for i, r in enumerate(records[:n]):
+        if not isinstance(r, dict):
+            return [], f"{dev} record {i} is not an object (a problem and its answer); {fix}"
+        text = r.get("problem")
+        try:
+            terms = [int(x) for x in text.split(" + ")] if isinstance(text, str) else []
+        except ValueError:
+            terms = []
+        if len(terms) < 2:  # lines_right reads every problem as a sum, after the sampling
+            return [], f"{dev} record {i}'s problem {text!r:.60} is not a sum of whole numbers (23 + 4 + 5); {fix}"
+        count = count or len(terms)
+        if len(terms) != count:
+            return [], (f"{dev} record {i}'s problem {text!r} is a sum of {len(terms)} numbers, record 0's of {count}; "
+                        f"a task's sums have one length: {fix}")
+        if str(r.get("answer")).strip() != str(sum(terms)):
+            return [], f"{dev} record {i}'s answer {r.get('answer')!r} is not its sum {sum(terms)} ({text}); {fix}"
+    return records[:n], None
+
+
 def error(message: str) -> int:
     """A user's mistake: one line on stderr; main returns the exit status 2."""
     print(f"error: {message}", file=sys.stderr)
@@ -116,18 +150,23 @@ def main(argv: list[str] | None = None) -> int:
     blocker = next(p for p in (out, *out.parents) if p.exists())  # the folder is made only after the sampling
     if not blocker.is_dir():
         return error(f"--out {out}: {blocker} is a file; pass a folder to write diagnostic.json into")
+    dev_records = {}
     for task in args.tasks:
         dev = model_dir / f"{TASKS[task][1]}dev.json"
         if not dev.is_file():
             return error(f"{dev} is missing; run python examples/make_smollm2.py {model_dir} --problems-only "
                          f"--task {task} (and the model first: examples/smollm2.yaml says how)")
+        dev_records[task], mistake = dev_problems(dev, args.problems, "write the task's problems again: python "
+                                                  f"examples/make_smollm2.py {model_dir} --problems-only --task {task}")
+        if mistake:
+            return error(mistake)
     if not (model_dir / "config.json").is_file():  # problems written with --problems-only, the model not
         return error(f"{model_dir} holds the problems but no model (no config.json); run python "
                      f"examples/make_smollm2.py {model_dir} (without --problems-only) to write the model beside them")
     torch.manual_seed(0)
     results = {}
     for task in args.tasks:
-        config, prefix = TASKS[task]
+        config = TASKS[task][0]
         cfg = T.load_config(["--config", str(ROOT / config), f"model={model_dir}"])
         # damaged or foreign model files: the trainer's one line; every task loads the same folder, so it is the
         # first task's load that fails, before any sampling
@@ -135,9 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             model, tokenizer, eos_id = T.load_model_and_tokenizer(cfg, torch.device("cpu"), "fp32")
         except T.UserError as e:
             return error(str(e))
-        records = json.loads((model_dir / f"{prefix}dev.json").read_text())[:args.problems]
-        problems = T.check_problems([dict(r, index=i) for i, r in enumerate(records)], cfg, tokenizer,
-                                    model.config.max_position_embeddings)
+        try:  # a prompt past the model's context, say: the trainer's one line
+            problems = T.check_problems([dict(r, index=i) for i, r in enumerate(dev_records[task])], cfg, tokenizer,
+                                        model.config.max_position_embeddings)
+        except T.UserError as e:
+            return error(str(e))
         print(f"{task}: {len(problems)} dev problems x {args.samples} samples", file=sys.stderr)
         began = time.perf_counter()
         groups, greedy = sample(model, [torch.tensor(p["prompt_ids"]) for p in problems], cfg, eos_id, args.seed,

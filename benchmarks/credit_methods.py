@@ -13,6 +13,8 @@
     python benchmarks/credit_methods.py --out runs/credit --operands     # sum runs: right sums of the wrong numbers
     python benchmarks/credit_methods.py --tasks addition --methods tree --seeds 0 --on dev --out runs/credit-dev \
         --set credit_segment_tokens=2                                     # a setting tried on the dev set
+The modes (--summary, --add-lines, --add-sampled, --pictures, --siblings, --masks, --errors, --operands) each do
+their one thing and stop: one a call, two together are refused (one line, exit 2), not one of them ignored.
 
 The committed records: benchmarks/credit_methods.json (the grid, runs/credit), credit_dev.json (runs/credit-dev)
 and credit_tuned.json (runs/credit-tuned: the tree at the segment length chosen on dev, and the spec's credit run
@@ -108,31 +110,53 @@ def one_run(model: Path, task: str, method: str, seed: int, on: str, out: Path, 
     return res
 
 
+METRICS_KEYS = ("step", "problem_index", "correct", "group_size", "lines_checked", "lines_right", "lines_unknown",
+                "responses_unchecked", "step_checker_failures")  # what line_figures reads of a credit=steps step
+ROLLOUT_KEYS = ("step", "problem_index", "rollout", "response", "reward", "advantage", "tokens", "cut_at_limit")
+
+
 def line_figures(folder: Path, edge: int = 10) -> dict | None:
     """A credit=steps run's line figures, from its metrics.jsonl and rollouts.jsonl (None for another credit): how
-    many all-wrong groups it trained on (the spec's credit has no gradient there; a checked line can give one); and,
-    over its first and its last `edge` steps, the checked and unknown lines per response, the share of checked lines
-    that were right, the share of responses with no checked line (a policy that stops writing checkable lines games
-    the checker: this figure would rise) and the distinct responses per group (equal responses: equal verdicts,
-    no line's verdicts to standardize)."""
-    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    if not metrics or "lines_checked" not in metrics[0]:
+    many all-wrong groups it trained on (each group's own correct: with problems_per_step P > 1 a step's "groups"
+    hold P of them) and how many of those had a gradient (a token advantage not 0: the spec's credit has none there;
+    a checked line can give one); and, over its first and its last `edge` steps, the checked and unknown lines per
+    response (each step's P x G responses), the share of checked lines that were right, the share of responses with
+    no checked line (a policy that stops writing checkable lines games the checker: this figure would rise; the
+    mean over the responses, each step's share weighed by its P x G) and the distinct responses per group, a group
+    being a (step, problem) (equal responses: equal verdicts, no line's verdicts to standardize). The groups a step
+    set aside (zero_variance=resample) were not trained on: not read. A missing or damaged file: one line, exit 2."""
+    metrics = read_run_file(folder / "metrics.jsonl")
+    if "lines_checked" not in metrics[0]:
         return None
-    groups: dict[tuple, set] = {}
-    for r in map(json.loads, (folder / "rollouts.jsonl").read_text().splitlines()):
-        groups.setdefault((r["step"], r["problem_index"]), set()).add(r["response"])
+    check_keys(folder / "metrics.jsonl", metrics, METRICS_KEYS)
+    groups_of = {}  # each step's groups: P = 1, the step is its group
+    for number, m in enumerate(metrics, 1):
+        gs = groups_of[m["step"]] = m.get("groups", [m])
+        if not isinstance(gs, list) or not all(isinstance(g, dict) and {"problem_index", "correct"} <= g.keys()
+                                               for g in gs):
+            fail(f"{folder / 'metrics.jsonl'} line {number} is not a record rlvr writes (a group without its "
+                 f"problem_index or correct): the file is damaged; {RUN_FILE_FIX.format(folder=folder)}")
+    texts: dict[tuple, set] = {}
+    moved: dict[tuple, bool] = {}  # a group with a token advantage not 0: a gradient
+    for r in read_run_file(folder / "rollouts.jsonl", ROLLOUT_KEYS):
+        if r.get("set_aside"):
+            continue
+        key = (r["step"], r["problem_index"])
+        texts.setdefault(key, set()).add(r["response"])
+        moved[key] = moved.get(key, False) or any(a != 0 for a in r.get("token_advantages", [r["advantage"]]))
 
     def ends(ms: list[dict]) -> dict:
         steps = {m["step"] for m in ms}
-        sizes = [m["group_size"] * len(m.get("groups", [None])) for m in ms]  # each step's responses (P x G)
+        sizes = [m["group_size"] * len(groups_of[m["step"]]) for m in ms]  # each step's responses (P x G)
         n, checked = sum(sizes), sum(m["lines_checked"] for m in ms)
-        distinct = [len(texts) for (step, _), texts in groups.items() if step in steps]
+        distinct = [len(t) for (step, _), t in texts.items() if step in steps]
         return {"checked_per_response": checked / n, "unknown_per_response": sum(m["lines_unknown"] for m in ms) / n,
                 "right_share": sum(m["lines_right"] for m in ms) / checked if checked else None,
                 "responses_unchecked": sum(m["responses_unchecked"] * k for m, k in zip(ms, sizes)) / n,
-                "distinct_per_group": sum(distinct) / len(distinct)}
-    all_wrong = [m for m in metrics if m["correct"] == 0]
-    return {"all_wrong_steps": len(all_wrong), "all_wrong_with_gradient": sum(m["grad_norm"] > 0 for m in all_wrong),
+                "distinct_per_group": sum(distinct) / len(distinct) if distinct else None}
+    all_wrong = [(m["step"], g["problem_index"]) for m in metrics for g in groups_of[m["step"]] if g["correct"] == 0]
+    return {"all_wrong_groups": len(all_wrong), "all_wrong_groups_with_gradient": sum(moved.get(k, False)
+                                                                                      for k in all_wrong),
             "first": ends(metrics[:edge]), "last": ends(metrics[-edge:]),
             "responses_unchecked_most": max(m["responses_unchecked"] for m in metrics),  # at any one step
             "step_checker_failures": sum(m["step_checker_failures"] for m in metrics)}
@@ -424,26 +448,63 @@ def error_credit(folder: Path, tokenizer, problems: list[dict]) -> dict[str, tup
     return {place: tuple(c) for place, c in counts.items()}
 
 
+def sum_terms(problem) -> list[int] | None:
+    """A problem record's numbers where its problem is a sum of whole numbers ("23 + 4 + 7"), else None."""
+    try:
+        terms = [int(x) for x in str(problem.get("problem", "")).split(" + ")] if isinstance(problem, dict) else []
+    except ValueError:
+        return None
+    return terms if len(terms) > 1 else None
+
+
 def operand_lines(folder: Path) -> dict[str, dict[str, int]] | None:
     """A finished sum run's greedy answers before its first step and after its last (eval.jsonl), line by line: the
-    lines a chain should hold (line k < the problem's terms - 1), how many the built-in arithmetic checker calls right,
-    how many the sum tasks' chain checker calls right, and how many are right sums of numbers that are not the
-    problem's chain (arithmetic right, chain wrong: what the arithmetic checker credits and the answer does not
-    need). The problems are the run's eval_dataset (run_config.yaml); None where they are not sums."""
+    lines a chain should hold (line k < the problem's terms - 1), how many the built-in arithmetic checker calls right
+    (a line it cannot read, unknown, is no right sum), how many the sum tasks' chain checker calls right, and how many
+    are right sums of numbers that are not the problem's chain (arithmetic right, chain wrong: what the arithmetic
+    checker credits and the answer does not need). The problems are the run's eval_dataset (run_config.yaml); None
+    where they are not sums. A run_config.yaml that is damaged or names no problem file here, an eval.jsonl that is
+    damaged or counts past that file's problems: one line, exit 2."""
     import yaml
 
     import verifier
     from sum_steps import chain
 
-    problems = json.loads(Path(yaml.safe_load((folder / "run_config.yaml").read_text())["eval_dataset"]).read_text())
+    config, answers = folder / "run_config.yaml", folder / "eval.jsonl"
+    fix = RUN_FILE_FIX.format(folder=folder)
+    try:
+        cfg = yaml.safe_load(config.read_text())
+    except (yaml.YAMLError, ValueError) as e:  # not YAML, or not text
+        mark = getattr(e, "problem_mark", None)
+        why = " ".join(str(getattr(e, "problem", None) or e).split()) + (f", line {mark.line + 1}" if mark else "")
+        fail(f"{config} is not YAML ({why}): the file is damaged; {fix}")
+    dataset = cfg.get("eval_dataset") if isinstance(cfg, dict) else None
+    if not dataset:
+        fail(f"{config} names no eval_dataset (the problems of its answers); {fix}")
+    path = Path(str(dataset))
+    if not path.is_file():
+        fail(f"{folder.name}'s eval_dataset {path} is no file here; put the problems the run evaluated there "
+             f"(python examples/make_smollm2.py writes them), or move {folder} out of --out")
+    try:
+        problems = json.loads(path.read_text())
+    except ValueError as e:  # not JSON, or not text
+        fail(f"{path}, {folder.name}'s eval_dataset, is not JSON ({e}); put the problems the run evaluated there, or "
+             f"move {folder} out of --out")
+    if not isinstance(problems, list):
+        fail(f"{path}, {folder.name}'s eval_dataset, holds no list of problems; put the problems the run evaluated "
+             f"there, or move {folder} out of --out")
     out = {}
-    for r in map(json.loads, (folder / "eval.jsonl").read_text().splitlines()):
-        problem = problems[r["problem_index"]]
-        if " + " not in str(problem.get("problem", "")):
+    for number, r in enumerate(read_run_file(answers, ("phase", "problem_index", "response")), 1):
+        i = r["problem_index"]
+        if not (type(i) is int and 0 <= i < len(problems)):
+            fail(f"{answers} line {number}: problem_index {i!r} is not one of the {len(problems)} problems of {path}, "
+                 f"its eval_dataset; put the problems the run evaluated there, or move {folder} out of --out")
+        problem = problems[i]
+        if sum_terms(problem) is None:
             return None
         c = out.setdefault(r["phase"], {"chain_lines": 0, "arithmetic_right": 0, "chain_right": 0,
                                         "right_sum_wrong_numbers": 0})
-        lines = r["response"].split("\n")
+        lines = str(r["response"]).split("\n")
         for said, right in zip(map(verifier.arithmetic_verdict, lines), chain(lines, problem)):
             if right is not None:
                 c["chain_lines"] += 1
@@ -457,6 +518,41 @@ def fail(message: str):
     """A user's mistake: one line on stderr and exit status 2, no traceback."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+RUN_FILE_FIX = "run it again, or move {folder} out of --out"
+
+
+def read_run_file(path: Path, keys: tuple[str, ...] = ()) -> list[dict]:
+    """A finished run's JSON Lines file (metrics.jsonl, rollouts.jsonl, eval.jsonl), every line an object with `keys`:
+    one missing, empty, cut short or edited is one line and exit 2 naming the file and the line, not a traceback."""
+    fix = RUN_FILE_FIX.format(folder=path.parent)
+    if not path.is_file():
+        fail(f"{path.parent} has no {path.name} (a finished run has one); {fix}")
+    try:
+        lines = path.read_text().splitlines()
+    except ValueError as e:  # not text (UnicodeDecodeError)
+        fail(f"{path} is not text ({e}): the file is damaged; {fix}")
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except ValueError as e:
+            fail(f"{path} line {number} is not a JSON record ({e.msg}, column {e.colno}): the file is damaged; {fix}")
+    if not records:
+        fail(f"{path} holds no record: the file is damaged; {fix}")
+    check_keys(path, records, keys)
+    return records
+
+
+def check_keys(path: Path, records: list, keys: tuple[str, ...]) -> None:
+    """Each of a run file's records an object with `keys` (record k: the file's line k + 1)."""
+    for number, r in enumerate(records, 1):
+        missing = [k for k in keys if k not in r] if isinstance(r, dict) else None
+        if missing is None or missing:
+            why = "not an object" if missing is None else f"it lacks {missing[0]}"
+            fail(f"{path} line {number} is not a record rlvr writes ({why}): the file is damaged; "
+                 f"{RUN_FILE_FIX.format(folder=path.parent)}")
 
 
 RECORD_KEYS = frozenset({"task", "on", "method", "seed", "greedy", "paired", "steps", "nonzero_gradient_steps",
@@ -481,11 +577,18 @@ def read_results(saved: Path) -> list[dict]:
     return results
 
 
+MODES = ("summary", "add_lines", "add_sampled", "pictures", "siblings", "masks", "errors", "operands")  # one a call
+
+
 def check_inputs(args, model: Path, out: Path) -> None:
     """What each mode reads, there before it starts: --summary, --add-sampled and --add-lines --out's results.json;
     --pictures, --siblings, --masks, --errors and --operands --out's run folders and the model's tokenizer; training
     each task's training set, --add-sampled its --on set (the model folder's problem files, examples/make_smollm2.py's).
-    --out is a folder, or can be made one."""
+    --out is a folder, or can be made one. One mode a call: two together (--summary --add-lines) are refused."""
+    chosen = [f"--{m.replace('_', '-')}" for m in MODES if getattr(args, m)]
+    if len(chosen) > 1:  # each mode does its one thing and stops: the second would be ignored, silently
+        fail(f"{chosen[0]} and {chosen[1]} are two modes, and each does its one thing and stops; pass one, and the "
+             "other in a call of its own")
     blocker = next(p for p in (out, *out.parents) if p.exists())
     if not blocker.is_dir():
         fail(f"--out {out}: {blocker} is a file; pass --out a folder (runs/credit by default)")
@@ -560,9 +663,13 @@ def main() -> int:
     if args.add_lines:
         saved = out / "results.json"
         results = read_results(saved)
-        for r in results:
-            folder = run_folder(out, r["task"], r["method"], r["seed"], r.get("settings", []))
-            lines = None if "lines" in r or not (folder / "rollouts.jsonl").is_file() else line_figures(folder)
+        # a record that has its figures keeps them (its folder is not read); a run whose folder is gone stays as it
+        # is; every other run's folder is read (a missing or damaged file: one line) before a line is printed or
+        # results.json rewritten
+        found = [None if "lines" in r or not folder.is_dir() else line_figures(folder)
+                 for r, folder in ((r, run_folder(out, r["task"], r["method"], r["seed"], r.get("settings", [])))
+                                   for r in results)]
+        for r, lines in zip(results, found):
             if lines:
                 r["lines"] = lines
                 print(f"{r['task']} {variant(r)} seed {r['seed']}: {json.dumps(lines)}")
@@ -581,19 +688,25 @@ def main() -> int:
         return 0
     if args.operands:  # the greedy answers' lines, read as text
         runs = (p for p in out.iterdir() if (p / "eval.jsonl").is_file() and (p / "run_config.yaml").is_file())
-        for folder in sorted(runs):
-            found = operand_lines(folder)
-            if found:
+        found = [(folder, operand_lines(folder)) for folder in sorted(runs)]  # all read before a line is printed
+        if not any(counts for _, counts in found):
+            fail(f"{out} holds no finished sum run (a folder with eval.jsonl and run_config.yaml whose eval_dataset "
+                 "holds sums); pass --out the folder a run of this script wrote (runs/credit by default)")
+        for folder, counts in found:
+            if counts:
                 print(f"{folder.name}: " + "; ".join(
                     f"{phase} {c['chain_lines']} chain lines, arithmetic right {c['arithmetic_right']}, chain right "
                     f"{c['chain_right']}, right sums of wrong numbers {c['right_sum_wrong_numbers']}"
-                    for phase, c in found.items()))
+                    for phase, c in counts.items()))
         return 0
     if args.siblings or args.masks or args.errors or args.pictures:  # the finished run folders in --out, read with the tokenizer
+        folders = sorted(p for p in out.iterdir() if (p / "rollouts.jsonl").is_file())
+        for folder in folders:  # a damaged one said in one line before the first is drawn or counted
+            read_run_file(folder / "rollouts.jsonl", ROLLOUT_KEYS)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model)
-        for folder in sorted(p for p in out.iterdir() if (p / "rollouts.jsonl").is_file()):
+        for folder in folders:
             if args.siblings:
                 found = tree_siblings(folder, tokenizer)
                 if found:

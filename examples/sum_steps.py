@@ -4,15 +4,19 @@
 
 Line k of a response (k = 0, 1, ...) must add the problem's next number to the last line's result: "x + y = z" with
 x the sum of the problem's first k + 1 numbers, y its number k + 1 and z their sum, as
-benchmarks/credit_diagnostic.py's lines_right reads a response (23 + 4 = 27, 27 + 7 = 34, 34 + 5 = 39). A chain line
-written any other way is wrong; the lines after the chain (the boxed answer) are unknown (None): the verifier scores
-the answer. Called by rlvr in the verifier's worker as chain(lines, record) under verifier_timeout, record being the
-problem's data set record (its "problem" field holds the numbers).
+benchmarks/credit_diagnostic.py's lines_right reads a response (23 + 4 = 27, 27 + 7 = 34, 34 + 5 = 39). The running
+sum x is checked too: on "23 + 4 + 7 + 5", "20 + 4 = 27" is wrong although 4 is the number added and 27 the sum due. A
+chain line may be a markdown bullet, its mark and a space before the sum ("- 23 + 4 = 27", "* 23 + 4 = 27",
+"+ 23 + 4 = 27"); a numbered list's "1. 23 + 4 = 27" is not read as one. A chain line written any other way is wrong;
+the lines after the chain (the boxed answer) are unknown (None): the verifier scores the answer. Called by rlvr in the
+verifier's worker as chain(lines, record) under verifier_timeout, record being the problem's data set record (its
+"problem" field holds the numbers).
 """
 
 import re
 
-LINE = re.compile(r"^\s*(\d{1,12})\s*\+\s*(\d{1,12})\s*=\s*(\d{1,12})(?!\d)")  # what follows the sum is not read
+# a bullet's mark may come first ("- ", "* ", "+ "); what follows the sum is not read
+LINE = re.compile(r"^\s*(?:[-*+]\s+)?(\d{1,12})\s*\+\s*(\d{1,12})\s*=\s*(\d{1,12})(?!\d)")
 
 
 def chain(lines: list[str], record: dict) -> list[bool | None]:

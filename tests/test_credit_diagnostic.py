@@ -3,6 +3,7 @@ mistake said in one line with exit status 2 before the model is loaded or a resp
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -87,3 +88,52 @@ def test_a_damaged_model_is_the_trainers_one_line_and_exit_2(folder, capsys, mon
     line = one_line_error(capsys)
     assert line.startswith(f"error: could not load model '{folder}' at revision ")
     assert line.endswith("; set model: to a hub id or a local folder")
+
+
+def test_lines_right_reads_a_markdown_bullet_and_checks_the_running_sum():
+    """A chain written as a markdown list is read as examples/sum_steps.py's chain reads it: on 23 + 4 + 7,
+    "- 23 + 4 = 27" and "* 27 + 7 = 34" are both right; "+ 27 + 7 = 35" is wrong at its sum, "20 + 4 = 27" at its
+    running sum (23, not 20); "-23 + 4 = 27" (a minus sign, no space) is no chain line."""
+    right = credit_diagnostic.lines_right
+    assert right("23 + 4 + 7", "- 23 + 4 = 27\n* 27 + 7 = 34\n\\boxed{34}") == [True, True]
+    assert right("23 + 4 + 7", "- 23 + 4 = 27\n+ 27 + 7 = 35\n\\boxed{35}") == [True, False]
+    assert right("23 + 4 + 7", "20 + 4 = 27\n27 + 7 = 34") == [False, True]
+    assert right("23 + 4 + 7", "-23 + 4 = 27") == [False, False]
+
+
+@pytest.mark.parametrize("text, why", [
+    ('[{"problem": ', "is not JSON (Expecting value: line 1 column 14 (char 13));"),
+    ('{"problem": "23 + 4 + 5", "answer": "32"}', "holds an object, not a list of problems;"),
+    ("[]", "holds no problem;"),
+    ('[{"problem": "23 + 4 + 5", "answer": "32"}, ["23 + 4 + 5"]]', "record 1 is not an object (a problem and its "
+                                                                      "answer);"),
+    ('[{"problem": "What is 2 times 3?", "answer": "6"}]',
+     "record 0's problem 'What is 2 times 3?' is not a sum of whole numbers (23 + 4 + 5);"),
+    ('[{"problem": "23 + 4 + 5", "answer": "32"}, {"answer": "7"}]',
+     "record 1's problem None is not a sum of whole numbers (23 + 4 + 5);"),
+    ('[{"problem": "23 + 4 + 5", "answer": "32"}, {"problem": "23 + 4", "answer": "27"}]',
+     "record 1's problem '23 + 4' is a sum of 2 numbers, record 0's of 3; a task's sums have one length:"),
+    ('[{"problem": "23 + 4 + 5", "answer": "33"}]', "record 0's answer '33' is not its sum 32 (23 + 4 + 5);"),
+])
+def test_a_dev_set_that_is_not_a_list_of_sums_is_one_line_and_exit_2_before_the_model_is_loaded(text, why, folder,
+                                                                                                 capsys):
+    """The figures read every problem as a sum after the sampling (minutes a task): a dev.json cut short, holding an
+    object, no problem, a problem that is not a sum, sums of two lengths or a wrong answer is said first, in one
+    line, the model not loaded (the fixture fails the test on a load)."""
+    dev = folder / "sum3-dev.json"
+    dev.write_text(text)
+    assert credit_diagnostic.main(["--model", str(folder), "--tasks", "sum3"]) == 2
+    assert one_line_error(capsys) == (f"error: {dev} {why} write the task's problems again: python "
+                                      f"examples/make_smollm2.py {folder} --problems-only --task sum3")
+
+
+def test_only_the_problems_sampled_are_read_as_sums(folder, monkeypatch):
+    """--problems 1 of a dev set whose second record is no sum: the first alone is checked and sampled."""
+    (folder / "sum3-dev.json").write_text(json.dumps([{"problem": "23 + 4 + 5", "answer": "32"}, {"problem": "x"}]))
+    seen = []
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=2048))
+    monkeypatch.setattr(T, "load_model_and_tokenizer", lambda *a: (model, None, None))
+    monkeypatch.setattr(T, "check_problems", lambda records, *a: seen.append(records) or pytest.fail("checked"))
+    with pytest.raises(pytest.fail.Exception):
+        credit_diagnostic.main(["--model", str(folder), "--tasks", "sum3", "--problems", "1"])
+    assert seen == [[{"problem": "23 + 4 + 5", "answer": "32", "index": 0}]]

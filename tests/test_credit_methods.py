@@ -86,7 +86,8 @@ def test_an_out_that_is_or_lies_in_a_file_is_one_line_and_exit_2_in_every_mode(m
 @pytest.mark.parametrize("mode", ["--pictures", "--errors", "--siblings", "--masks", "--operands"])
 def test_the_modes_that_read_runs_need_the_models_tokenizer(mode, tmp_path, monkeypatch, capsys):
     """A model folder of problems alone (make_smollm2.py --problems-only) has no tokenizer: one line and exit 2,
-    not transformers' traceback; with the tokenizer's files there, the mode runs (no run folder: nothing said)."""
+    not transformers' traceback; with the tokenizer's files there, the mode runs (no run folder: nothing said; but
+    --operands, which says so)."""
     from tiny_models import build_tiny_tokenizer
 
     model, out = tmp_path / "model", tmp_path / "credit"
@@ -100,6 +101,8 @@ def test_the_modes_that_read_runs_need_the_models_tokenizer(mode, tmp_path, monk
                                       " pass --model the model folder the runs trained (runs/smollm2 by default, "
                                       f"written by python examples/make_smollm2.py {model})")
     build_tiny_tokenizer(model)
+    if mode == "--operands":  # nothing to say is said: test_operands_on_a_folder_without_a_sum_run_...
+        return
     assert _main(monkeypatch, "--model", str(model), "--out", str(out), mode) == 0
     assert capsys.readouterr().out == ""
 
@@ -465,59 +468,152 @@ def test_the_sum4_sampled_pass1_table_in_the_docs_is_the_committed_record():
             f"and `monte_carlo`'s {mean('monte_carlo')}") in " ".join(docs.split())
 
 
-def _steps_run(folder, steps, responses):
-    """A credit=steps run's metrics.jsonl (one record per step, P = 1) and rollouts.jsonl (responses[i]: step i's)."""
+def _response(step, problem, rollout, text, verdicts, terms=None, reward=0.0, advantage=0.0, cut=False, **extra):
+    """A credit=steps rollouts.jsonl record as the trainer writes it, a token a character: a segment a line (its first
+    token), each line's verdict (a last line cut at max_new_tokens is unknown: None), each token's advantage A_i plus
+    its line's term (terms: one a line, 0 by default); the EOS, where the response ended, has its last line's."""
+    lines = text.split("\n")
+    terms = terms or [0.0] * len(lines)
+    assert len(verdicts) == len(terms) == len(lines) and not (cut and verdicts[-1] is not None)
+    segments = [sum(len(x) + 1 for x in lines[:k]) for k in range(len(lines))]
+    per_token = [advantage + terms[k] for k, line in enumerate(lines) for _ in line + "\n"][:len(text)]
+    per_token += [] if cut else [advantage + terms[-1]]
+    return {"step": step, "problem_index": problem, "rollout": rollout, "response": text, "reward": reward,
+            "advantage": advantage, "tokens": len(per_token), "cut_at_limit": cut, "segments": segments,
+            "line_verdicts": verdicts, "token_advantages": per_token, **extra}
+
+
+def _steps_run(folder, steps, p=1):
+    """A credit=steps run's metrics.jsonl and rollouts.jsonl. steps: each step's dict of grad (its grad norm), groups
+    (a list of groups, each its responses' records, _response's) and, if any, failed (step checks failed) and aside
+    (the records of a group set aside, zero_variance=resample: written before the step's groups). A step's record
+    is the trainer's: a group's correct its rewards of 1, the step's their sum; the line figures from the verdicts
+    (train_rlvr.line_figures); with p > 1 the step's problems and groups (a short last step: fewer)."""
+    from types import SimpleNamespace
+
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **m}) + "\n" for i, m in enumerate(steps)))
-    (folder / "rollouts.jsonl").write_text("".join(
-        json.dumps({"step": i + 1, "problem_index": i, "response": text}) + "\n"
-        for i, texts in enumerate(responses) for text in texts))
+    metrics, rollouts = [], []
+    for n, step in enumerate(steps, 1):
+        groups = step["groups"]
+        correct = [sum(r["reward"] == 1.0 for r in g) for g in groups]
+        credits = [SimpleNamespace(verdicts=[r["line_verdicts"] for r in g], failed=0) for g in groups]
+        credits[0].failed = step.get("failed", 0)
+        m = {"step": n, "problem_index": groups[0][0]["problem_index"], "group_size": len(groups[0]),
+             "correct": sum(correct), "grad_norm": step["grad"], **T.line_figures(credits)}
+        if p > 1:
+            m["problems"] = [g[0]["problem_index"] for g in groups]
+            m["groups"] = [{"problem_index": g[0]["problem_index"], "group_size": len(g), "correct": c}
+                           for g, c in zip(groups, correct)]
+        metrics.append(m)
+        rollouts += step.get("aside", []) + [r for g in groups for r in g]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (folder / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rollouts))
 
 
-def _step(correct, grad, checked, right, unknown, unchecked, failures=0):
-    return {"correct": correct, "grad_norm": grad, "group_size": 2, "lines_checked": checked, "lines_right": right,
-            "lines_wrong": checked - right, "lines_unknown": unknown, "responses_unchecked": unchecked,
-            "step_checker_failures": failures}
+def _three_steps():
+    """Three steps of one group of two (P = 1), sum3 chains. Step 1 (problem 0) all wrong with a gradient: line 1 of
+    one response right, of the other wrong (terms +-0.7); 4 lines checked, 1 right, 2 unknown (the boxed lines), two
+    distinct responses. Step 2 (problem 1) all wrong, no gradient: one response checked (2 lines, both wrong), the
+    other's check failed (its lines unknown): 3 unknown, half the responses unchecked, two distinct. Step 3
+    (problem 2) all right, both the same response with no checked line: 4 unknown, every response unchecked."""
+    return [
+        {"grad": 0.5, "groups": [[
+            _response(1, 0, 0, "23 + 4 = 27\n27 + 5 = 33\n\\boxed{33}", [True, False, None], [0.7, -0.7, 0.0]),
+            _response(1, 0, 1, "23 + 4 = 28\n28 + 5 = 34\n\\boxed{34}", [False, False, None], [-0.7, 0.7, 0.0])]]},
+        {"grad": 0.0, "failed": 1, "groups": [[
+            _response(2, 1, 0, "10 + 5 = 16\n16 + 1 = 18\n\\boxed{18}", [False, False, None]),
+            _response(2, 1, 1, "It is 18.\n\\boxed{18}", [None, None])]]},
+        {"grad": 0.0, "groups": [[_response(3, 2, k, "The sum is 40.\n\\boxed{40}", [None, None], reward=1.0)
+                                  for k in range(2)]]}]
 
 
 def test_a_steps_runs_line_figures_over_its_first_and_last_steps(tmp_path):
-    """Three steps of two responses, edge 2. Step 1 all wrong with a gradient (a line told them apart): 4 lines
-    checked, 1 right, 2 unknown, two distinct responses; step 2 all wrong, no gradient, equal responses: 2 checked,
-    none right, one response (0.5) with no checked line; step 3 all right: no checked line, 4 unknown. First two
-    steps: 6 checked lines over 4 responses (1.5), 2 unknown (0.5), right 1/6, unchecked (0 x 2 + 0.5 x 2) / 4 =
-    0.25, distinct (2 + 1) / 2; last two: 0.5, 1.0, right 0/2, unchecked 0.75, distinct 1. Two all-wrong steps, one
-    with a gradient; at most every response (1.0) unchecked at one step. A run of another credit (no line figures
-    in its metrics) has none."""
-    _steps_run(tmp_path / "steps", [_step(0, 0.5, 4, 1, 2, 0.0), _step(0, 0.0, 2, 0, 0, 0.5, failures=1),
-                                    _step(2, 0.0, 0, 0, 4, 1.0)], [["a", "b"], ["c", "c"], ["d", "d"]])
+    """_three_steps, edge 2. First two steps: 6 checked lines over 4 responses (1.5), 5 unknown (1.25), right 1/6,
+    unchecked (0 x 2 + 0.5 x 2) / 4 = 0.25, distinct (2 + 2) / 2 = 2; last two: 2 checked (0.5), 7 unknown (1.75),
+    right 0/2, unchecked (0.5 x 2 + 1.0 x 2) / 4 = 0.75, distinct (2 + 1) / 2 = 1.5. Two all-wrong groups, one with
+    a gradient (a token advantage not 0); at most every response (1.0) unchecked at one step; one check failed. A
+    run of another credit (no line figures in its metrics) has none."""
+    _steps_run(tmp_path / "steps", _three_steps())
     assert credit_methods.line_figures(tmp_path / "steps", edge=2) == {
-        "all_wrong_steps": 2, "all_wrong_with_gradient": 1, "step_checker_failures": 1, "responses_unchecked_most": 1.0,
-        "first": {"checked_per_response": 1.5, "unknown_per_response": 0.5, "right_share": pytest.approx(1 / 6),
-                  "responses_unchecked": 0.25, "distinct_per_group": 1.5},
-        "last": {"checked_per_response": 0.5, "unknown_per_response": 1.0, "right_share": 0.0,
-                 "responses_unchecked": 0.75, "distinct_per_group": 1.0}}
-    _steps_run(tmp_path / "sequence", [{"correct": 1, "grad_norm": 1.0, "group_size": 2}], [["a", "b"]])
+        "all_wrong_groups": 2, "all_wrong_groups_with_gradient": 1, "step_checker_failures": 1,
+        "responses_unchecked_most": 1.0,
+        "first": {"checked_per_response": 1.5, "unknown_per_response": 1.25, "right_share": pytest.approx(1 / 6),
+                  "responses_unchecked": 0.25, "distinct_per_group": 2.0},
+        "last": {"checked_per_response": 0.5, "unknown_per_response": 1.75, "right_share": 0.0,
+                 "responses_unchecked": 0.75, "distinct_per_group": 1.5}}
+    (tmp_path / "sequence").mkdir()
+    (tmp_path / "sequence" / "metrics.jsonl").write_text(json.dumps({"step": 1, "correct": 1, "grad_norm": 1.0,
+                                                                     "group_size": 2}) + "\n")
     assert credit_methods.line_figures(tmp_path / "sequence") is None
 
 
+def test_the_line_figures_at_two_problems_a_step_count_groups_and_weigh_each_step_by_its_responses(tmp_path):
+    """problems_per_step 2, groups of 2, three steps, the last short (one group), edge 2; a group set aside at step 1
+    (zero_variance=resample: not trained on, not read). Step 1: problem 0 all wrong with a gradient (line terms
+    +-0.7), problem 1 all wrong, no gradient, its two responses one text with no checked line: 4 checked, 2 right, 6
+    unknown, half the 4 responses unchecked. Step 2: problem 2 all wrong with a gradient, problem 3 one right: 8
+    checked, 4 right, 4 unknown, none unchecked. Step 3: problem 4 all wrong, its two responses one text cut at
+    max_new_tokens, no line checked (the cut last line unknown): 4 unknown, both unchecked.
+    All-wrong groups: problems 0, 1, 2 and 4 = 4 (steps with no right response: 2), with a gradient 0 and 2 = 2.
+    First two steps, 8 responses (P x G = 4 each, not G = 2): 12 checked (1.5 a response), 10 unknown (1.25), right
+    6/12, unchecked (0.5 x 4 + 0 x 4) / 8 = 0.25, distinct per (step, problem) (2 + 1 + 2 + 2) / 4 = 1.75 (per step:
+    (3 + 4) / 2 = 3.5; with the set-aside group's two: 9 / 5 = 1.8). Last two, 4 + 2 = 6 responses: 8 checked
+    (1.333), 8 unknown (1.333), right 4/8, unchecked (0 x 4 + 1.0 x 2) / 6 = 0.333 (the mean over the steps would say
+    0.5), distinct (2 + 2 + 1) / 3 = 1.667."""
+    steps = [
+        {"grad": 0.4, "aside": [_response(1, 9, k, text, [None, None], set_aside=True)
+                                for k, text in enumerate(["Twelve.\n\\boxed{12}", "12\n\\boxed{12}"])],
+         "groups": [[_response(1, 0, 0, "23 + 4 = 27\n27 + 5 = 33\n\\boxed{33}", [True, False, None],
+                               [0.7, -0.7, 0.0]),
+                     _response(1, 0, 1, "23 + 4 = 28\n28 + 5 = 33\n\\boxed{33}", [False, True, None],
+                               [-0.7, 0.7, 0.0])],
+                    [_response(1, 1, k, "It is 17.\n\\boxed{17}", [None, None]) for k in range(2)]]},
+        {"grad": 0.9, "groups": [[_response(2, 2, 0, "47 + 8 = 55\n55 + 6 = 62\n\\boxed{62}", [True, False, None],
+                                            [0.7, 0.0, 0.0]),
+                                  _response(2, 2, 1, "47 + 8 = 54\n54 + 6 = 60\n\\boxed{60}", [False, False, None],
+                                            [-0.7, 0.0, 0.0])],
+                                 [_response(2, 3, 0, "31 + 2 = 33\n33 + 9 = 42\n\\boxed{42}", [True, True, None],
+                                            reward=1.0, advantage=0.7),
+                                  _response(2, 3, 1, "31 + 2 = 33\n33 + 9 = 41\n\\boxed{41}", [True, False, None],
+                                            advantage=-0.7)]]},
+        {"grad": 0.0, "groups": [[_response(3, 4, k, "Adding 60 and 3\nand 2 gi", [None, None], cut=True)
+                                  for k in range(2)]]}]
+    _steps_run(tmp_path, steps, p=2)
+    assert credit_methods.line_figures(tmp_path, edge=2) == {
+        "all_wrong_groups": 4, "all_wrong_groups_with_gradient": 2, "step_checker_failures": 0,
+        "responses_unchecked_most": 1.0,
+        "first": {"checked_per_response": 1.5, "unknown_per_response": 1.25, "right_share": 0.5,
+                  "responses_unchecked": 0.25, "distinct_per_group": 1.75},
+        "last": {"checked_per_response": pytest.approx(8 / 6), "unknown_per_response": pytest.approx(8 / 6),
+                 "right_share": 0.5, "responses_unchecked": pytest.approx(1 / 3),
+                 "distinct_per_group": pytest.approx(5 / 3)}}
+
+
 def test_add_lines_adds_the_figures_to_the_steps_runs_alone(tmp_path, monkeypatch, capsys):
-    """--add-lines: the credit=steps run in results.json gets its line figures from its folder; the spec's credit's
-    run (no line figures) and a run whose folder is gone are left as they were; nothing is trained."""
+    """--add-lines: the credit=steps run in results.json gets its line figures from its folder (_three_steps: 2
+    all-wrong groups, 1 with a gradient) and says so; the spec's credit's run (no line figures), a run whose folder
+    is gone, and a steps run whose record has its figures already (kept as they are, its folder not read: here
+    one that would give others) are left as they were; nothing is trained."""
     out = tmp_path / "credit"
-    grid = json.loads((ROOT / "benchmarks" / "credit_methods.json").read_text())[:3]
-    for r, method in zip(grid, ["steps", "sequence", "steps"]):
+    grid = json.loads((ROOT / "benchmarks" / "credit_methods.json").read_text())[:4]
+    for r, method in zip(grid, ["steps", "sequence", "steps", "steps"]):
         r.update(method=method, settings=[], seed=0, task="sum4")
     grid[2]["seed"] = 1  # no folder
-    _steps_run(credit_methods.run_folder(out, "sum4", "steps", 0), [_step(0, 0.5, 4, 1, 2, 0.0)], [["a", "b"]])
-    _steps_run(credit_methods.run_folder(out, "sum4", "sequence", 0),
-               [{"correct": 1, "grad_norm": 1.0, "group_size": 2}], [["a", "b"]])
+    grid[3].update(seed=2, lines={"all_wrong_steps": 7, "all_wrong_with_gradient": 3})  # recorded before
+    _steps_run(credit_methods.run_folder(out, "sum4", "steps", 0), _three_steps())
+    _steps_run(credit_methods.run_folder(out, "sum4", "steps", 2), _three_steps())
+    sequence = credit_methods.run_folder(out, "sum4", "sequence", 0)
+    sequence.mkdir()
+    (sequence / "metrics.jsonl").write_text(json.dumps({"step": 1, "correct": 1, "grad_norm": 1.0, "group_size": 2}))
     (out / "results.json").write_text(json.dumps(grid))
     monkeypatch.setattr(credit_methods, "one_run", lambda *a: pytest.fail("a run"))
     assert _main(monkeypatch, "--out", str(out), "--add-lines") == 0
     saved = json.loads((out / "results.json").read_text())
     assert saved[0]["lines"] == credit_methods.line_figures(credit_methods.run_folder(out, "sum4", "steps", 0))
-    assert saved[0]["lines"]["all_wrong_with_gradient"] == 1
+    assert (saved[0]["lines"]["all_wrong_groups"], saved[0]["lines"]["all_wrong_groups_with_gradient"]) == (2, 1)
     assert saved[1:] == grid[1:]
+    assert saved[3]["lines"] == {"all_wrong_steps": 7, "all_wrong_with_gradient": 3}
+    assert capsys.readouterr().out.splitlines() == [f"sum4 steps seed 0: {json.dumps(saved[0]['lines'])}"]
 
 
 def test_a_steps_runs_picture_is_its_first_group_where_the_lines_alone_gave_a_gradient(tmp_path, monkeypatch):
@@ -584,7 +680,9 @@ def _lines_cells(r):
     lines = r.get("lines")
     if not lines:
         return "- | -"
-    return (f"{lines['all_wrong_with_gradient']}/{lines['all_wrong_steps']} | "
+    # the committed records' runs are P = 1: a step is a group (their figures were named by the step)
+    lines = {k.replace("_steps", "_groups").replace("wrong_with", "wrong_groups_with"): v for k, v in lines.items()}
+    return (f"{lines['all_wrong_groups_with_gradient']}/{lines['all_wrong_groups']} | "
             f"{lines['first']['distinct_per_group']:.1f} -> {lines['last']['distinct_per_group']:.1f}")
 
 
@@ -662,3 +760,192 @@ def test_the_sum5_table_in_the_docs_is_the_committed_record():
             for name, rs in (("spec", spec), ("steps", steps))}
     assert (f"the spec's credit {mean['spec']:+.1f} points on average, `steps_chain` "
             f"{mean['steps']:+.1f}") in " ".join(text.split())
+
+
+@pytest.mark.parametrize("modes", [["--summary", "--add-lines"], ["--summary", "--pictures"],
+                                   ["--add-lines", "--operands"], ["--masks", "--add-sampled", "--errors"]])
+def test_two_modes_in_one_call_are_one_line_and_exit_2(modes, tmp_path, monkeypatch, capsys):
+    """Each mode does its one thing and stops: two given together (the second was ignored, exit 0) are refused
+    before anything is read or written, naming the first two in the order of MODES."""
+    out = tmp_path / "credit"
+    out.mkdir()
+    (out / "results.json").write_text("[]")
+    with pytest.raises(SystemExit) as e:
+        _main(monkeypatch, "--out", str(out), *modes)
+    assert e.value.code == 2
+    first, second = sorted(modes, key=lambda m: credit_methods.MODES.index(m[2:].replace("-", "_")))[:2]
+    assert one_line_error(capsys) == (f"error: {first} and {second} are two modes, and each does its one thing and "
+                                      "stops; pass one, and the other in a call of its own")
+    assert (out / "results.json").read_text() == "[]"
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("no metrics", "{run} has no metrics.jsonl (a finished run has one)"),
+    ("empty metrics", "{run}/metrics.jsonl holds no record: the file is damaged"),
+    ("cut metrics", "{run}/metrics.jsonl line 3 is not a JSON record (Unterminated string starting at, column 158): "
+                    "the file is damaged"),
+    ("no lines_right", "{run}/metrics.jsonl line 2 is not a record rlvr writes (it lacks lines_right): the file is "
+                       "damaged"),
+    ("no group's correct", "{run}/metrics.jsonl line 1 is not a record rlvr writes (a group without its problem_index "
+                           "or correct): the file is damaged"),
+    ("no rollouts", "{run} has no rollouts.jsonl (a finished run has one)"),
+    ("rollouts not objects", "{run}/rollouts.jsonl line 1 is not a record rlvr writes (not an object): the file is "
+                             "damaged"),
+])
+def test_add_lines_on_a_run_with_a_missing_or_damaged_file_is_one_line_and_exit_2(damage, why, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """--add-lines reads each run's metrics.jsonl and rollouts.jsonl (_three_steps'): one missing, empty, cut short,
+    or without a figure it reads is one line naming the file and the line, and exit 2 (a traceback before), said
+    before results.json is rewritten or a line printed: the first run, whole, is not added or said either."""
+    out = tmp_path / "credit"
+    grid = json.loads((ROOT / "benchmarks" / "credit_methods.json").read_text())[:2]
+    for r, seed in zip(grid, [0, 1]):
+        r.update(method="steps", settings=[], seed=seed, task="sum4")
+    _steps_run(credit_methods.run_folder(out, "sum4", "steps", 0), _three_steps())
+    run = credit_methods.run_folder(out, "sum4", "steps", 1)
+    _steps_run(run, _three_steps())
+    metrics, rollouts = run / "metrics.jsonl", run / "rollouts.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    if damage == "no metrics":
+        metrics.unlink()
+    elif damage == "empty metrics":
+        metrics.write_text("")
+    elif damage == "cut metrics":  # a write cut short
+        metrics.write_text(metrics.read_text()[:-40])
+    elif damage == "no lines_right":
+        del records[1]["lines_right"]
+    elif damage == "no group's correct":  # a P = 2 record's group without its correct
+        records[0]["groups"] = [{"problem_index": 0, "group_size": 2}]
+    elif damage == "no rollouts":
+        rollouts.unlink()
+    else:
+        rollouts.write_text("[1]\n")
+    if damage in ("no lines_right", "no group's correct"):
+        metrics.write_text("".join(json.dumps(m) + "\n" for m in records))
+    (out / "results.json").write_text(json.dumps(grid))
+    with pytest.raises(SystemExit) as e:
+        _main(monkeypatch, "--out", str(out), "--add-lines")
+    assert e.value.code == 2
+    said = capsys.readouterr()
+    assert (said.out, said.err) == ("", f"error: {why.format(run=run)}; run it again, or move {run} out of --out\n")
+    assert json.loads((out / "results.json").read_text()) == grid
+
+
+def _sum_run(out, problems, answers, name="sum3-steps-seed0"):
+    """A finished sum run's folder: run_config.yaml naming problems (a file), and eval.jsonl's answers (phase,
+    problem_index, response)."""
+    run = out / name
+    run.mkdir(parents=True)
+    (run / "run_config.yaml").write_text(f"eval_dataset: {problems}\n")
+    (run / "eval.jsonl").write_text("".join(json.dumps({"phase": ph, "problem_index": i, "response": text}) + "\n"
+                                            for ph, i, text in answers))
+    return run
+
+
+def _tokenizer_model(tmp_path):
+    from tiny_models import build_tiny_tokenizer
+
+    model = tmp_path / "model"
+    model.mkdir()
+    build_tiny_tokenizer(model)
+    return model
+
+
+def test_operands_counts_a_line_the_arithmetic_checker_cannot_read_as_no_right_sum(tmp_path):
+    """"23 + 4 + 7" answered "23 plus 4 is 27 / 27 + 7 = 34": the first chain line the arithmetic checker cannot read
+    (unknown, None) and the chain checker calls wrong: no right sum, and no right sum of wrong numbers; the second
+    right both ways. 2 chain lines, arithmetic right 1, chain right 1, right sums of wrong numbers 0."""
+    problems = tmp_path / "sum3-dev.json"
+    problems.write_text(json.dumps([{"problem": "23 + 4 + 7", "answer": "34"}]))
+    run = _sum_run(tmp_path / "credit", problems, [("after", 0, "23 plus 4 is 27\n27 + 7 = 34\n\\boxed{34}")])
+    assert credit_methods.operand_lines(run) == {
+        "after": {"chain_lines": 2, "arithmetic_right": 1, "chain_right": 1, "right_sum_wrong_numbers": 0}}
+
+
+def test_operands_on_a_folder_without_a_sum_run_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """--operands on an empty folder, then on one whose only run answered problems that are not sums (one holding
+    " + " among words: read as no sum, not as a traceback from the chain checker's int()), said in one line, exit 2
+    (it printed nothing and exited 0)."""
+    model, out = _tokenizer_model(tmp_path), tmp_path / "credit"
+    out.mkdir()
+    message = (f"error: {out} holds no finished sum run (a folder with eval.jsonl and run_config.yaml whose "
+               "eval_dataset holds sums); pass --out the folder a run of this script wrote (runs/credit by default)")
+    for run in (None, "math-sequence-seed0"):
+        if run:
+            problems = tmp_path / "math.json"
+            problems.write_text(json.dumps([{"problem": "What is $2 + 3$ times 4?", "answer": "20"}]))
+            _sum_run(out, problems, [("after", 0, "2 + 3 = 5\n5 * 4 = 20\n\\boxed{20}")], name=run)
+            assert credit_methods.operand_lines(out / run) is None
+        with pytest.raises(SystemExit) as e:
+            _main(monkeypatch, "--model", str(model), "--out", str(out), "--operands")
+        assert e.value.code == 2
+        assert one_line_error(capsys) == message
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("yaml", "{run}/run_config.yaml is not YAML (expected the node content, but found '<stream end>', line 2): the "
+             "file is damaged; run it again, or move {run} out of --out"),
+    ("no eval_dataset", "{run}/run_config.yaml names no eval_dataset (the problems of its answers); run it again, or "
+                        "move {run} out of --out"),
+    ("no problem file", "sum3-steps-seed0's eval_dataset {tmp}/gone.json is no file here; put the problems the run "
+                        "evaluated there (python examples/make_smollm2.py writes them), or move {run} out of --out"),
+    ("index", "{run}/eval.jsonl line 2: problem_index 2 is not one of the 2 problems of {tmp}/sum3-dev.json, its "
+              "eval_dataset; put the problems the run evaluated there, or move {run} out of --out"),
+    ("eval.jsonl", "{run}/eval.jsonl line 1 is not a record rlvr writes (it lacks response): the file is damaged; run "
+                   "it again, or move {run} out of --out"),
+])
+def test_operands_on_a_damaged_run_is_one_line_and_exit_2_before_a_line_is_printed(damage, why, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """Two sum runs, the second damaged: its run_config.yaml cut short, naming no eval_dataset or a file not there,
+    an answer counting past its problems, an answer without its response. One line naming the file, exit 2 (a
+    traceback before), and the first run's line is not printed either: every run is read first."""
+    model, out = _tokenizer_model(tmp_path), tmp_path / "credit"
+    problems = tmp_path / "sum3-dev.json"
+    problems.write_text(json.dumps([{"problem": "23 + 4 + 7", "answer": "34"}, {"problem": "10 + 5 + 1"}]))
+    answers = [("after", 0, "23 + 4 = 27\n27 + 7 = 34\n\\boxed{34}"), ("after", 1, "10 + 5 = 15\n\\boxed{15}")]
+    _sum_run(out, problems, answers, name="sum3-sequence-seed0")
+    run = _sum_run(out, problems, answers)
+    if damage == "yaml":
+        (run / "run_config.yaml").write_text(f"eval_dataset: {problems}\nsettings: {{seed: 0,")
+    elif damage == "no eval_dataset":
+        (run / "run_config.yaml").write_text("seed: 0\n")
+    elif damage == "no problem file":
+        (run / "run_config.yaml").write_text(f"eval_dataset: {tmp_path / 'gone.json'}\n")
+    elif damage == "index":
+        text = (run / "eval.jsonl").read_text()
+        (run / "eval.jsonl").write_text(text.replace('"problem_index": 1', '"problem_index": 2'))
+    else:
+        (run / "eval.jsonl").write_text((run / "eval.jsonl").read_text().replace('"response"', '"answer"'))
+    with pytest.raises(SystemExit) as e:
+        _main(monkeypatch, "--model", str(model), "--out", str(out), "--operands")
+    assert e.value.code == 2
+    said = capsys.readouterr()
+    assert (said.out, said.err) == ("", "error: " + why.format(run=run, tmp=tmp_path) + "\n")
+
+
+@pytest.mark.parametrize("mode", ["--pictures", "--errors", "--masks", "--siblings"])
+@pytest.mark.parametrize("text, why", [
+    ('{"step": 1, "problem_index": 0, "rollout": 0, "response": "23 + 4', "line 2 is not a JSON record (Unterminated "
+                                                                          "string starting at, column 59)"),
+    ('{"step": 2}', "line 2 is not a record rlvr writes (it lacks problem_index)"),
+])
+def test_the_modes_that_read_rollouts_say_a_damaged_one_in_one_line_before_the_first_run_is_read(
+        mode, text, why, tmp_path, monkeypatch, capsys):
+    """Two runs, the second's rollouts.jsonl cut short at its second line or holding a record without its fields:
+    one line naming the file and the line, exit 2 (a traceback before), before the tokenizer loads or the first run
+    is drawn or counted."""
+    model, out = _tokenizer_model(tmp_path), tmp_path / "credit"
+    (model / "sum3-train.json").write_text(json.dumps([{"problem": "23 + 4 + 5", "answer": "32"}]))
+    _steps_run(out / "sum3-steps-seed0", _three_steps())
+    _steps_run(out / "sum3-steps-seed1", _three_steps())
+    rollouts = out / "sum3-steps-seed1" / "rollouts.jsonl"
+    rollouts.write_text(rollouts.read_text().splitlines()[0] + "\n" + text + "\n")
+    for name in ("group_picture", "error_credit", "mask_kinds", "tree_siblings"):
+        monkeypatch.setattr(credit_methods, name, lambda *a: pytest.fail("a run read before the check"))
+    import transformers
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a: pytest.fail("loaded before"))
+    with pytest.raises(SystemExit) as e:
+        _main(monkeypatch, "--model", str(model), "--out", str(out), mode)
+    assert e.value.code == 2
+    assert one_line_error(capsys) == (f"error: {rollouts} {why}: the file is damaged; run it again, or move "
+                                      f"{rollouts.parent} out of --out")

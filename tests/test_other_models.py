@@ -258,6 +258,46 @@ def test_make_smollm2_refuses_a_file_for_its_folder_and_a_file_that_is_not_gguf_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("argv, taken, message", [
+    # a parent of the folder is a file: mkdir's NotADirectoryError before, a traceback
+    (["{tmp}/afile/sub", "--problems-only"], None,
+     "error: {tmp}/afile/sub: {tmp}/afile is a file; pass a folder to write the model and the problems into"),
+    # a folder named like an output file: heldout.json and dev.json were written before open() failed on it
+    (["{tmp}/out", "--problems-only"], "out/train.json",
+     "error: {tmp}/out/train.json is a folder, where this writes its file train.json; move that folder away, or pass "
+     "another folder"),
+    (["{tmp}/out", "--problems-only", "--task", "sum4"], "out/sum4-train.json",
+     "error: {tmp}/out/sum4-train.json is a folder, where this writes its file sum4-train.json; move that folder away, "
+     "or pass another folder"),
+    (["{tmp}/out", "--problems-only", "--task", "sum5"], "out/smollm2.json",
+     "error: {tmp}/out/smollm2.json is a folder, where this writes its file smollm2.json; move that folder away, or "
+     "pass another folder"),
+    # a conversion's file: said before the conversion's minutes (--gguf: a file that is GGUF enough for the check)
+    (["{tmp}/out", "--gguf", "{tmp}/m.gguf"], "out/model.safetensors",
+     "error: {tmp}/out/model.safetensors is a folder, where this writes its file model.safetensors; move that folder "
+     "away, or pass another folder"),
+])
+def test_make_smollm2_refuses_an_output_it_cannot_write_before_writing_any_file(argv, taken, message, tmp_path,
+                                                                               monkeypatch, capsys):
+    """Every output is checked before the first is written: a parent of the folder that is a file, and a folder
+    where one of the files would go; one line, exit 2, the folder as it was (a sum task's record and sets too)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import make_smollm2
+
+    monkeypatch.setattr(make_smollm2, "convert", lambda gguf, out: pytest.fail("converted before the check"))
+    (tmp_path / "afile").write_text("a file")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF and no more")
+    if taken:
+        (tmp_path / taken).mkdir(parents=True)
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as exc:
+        make_smollm2.main([a.format(tmp=tmp_path) for a in argv])
+    assert exc.value.code == 2
+    assert one_line_error(capsys) == message.format(tmp=tmp_path)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "afile").read_text() == "a file"
+
+
 def test_the_smollm2_run_is_the_spec_setup_but_for_model_data_prompt_length_and_lr():
     import yaml
 

@@ -20,7 +20,8 @@ def model(tmp_path):
     folder = tmp_path / "smollm2"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    (folder / "train.json").write_text("[]")
+    (folder / "train.json").write_text(json.dumps([{"problem": f"{a} + 10", "answer": str(a + 10)}
+                                                   for a in range(10, 26)]))  # 16, --problems' default
     return folder
 
 
@@ -30,12 +31,36 @@ def model(tmp_path):
     (["--json", "{tmp}/nodir/x.json"], "--json {tmp}/nodir/x.json: no folder {tmp}/nodir to write it in; create the "
                                        "folder first, or pass a path in an existing one"),
     (["--json", "{tmp}"], "--json {tmp} is a folder; pass the path of a file to write the results to"),
+    (["--problems", "0"], "--problems 0: pass how many problems each run trains, 1 or more (16 by default)"),
+    (["--problems", "-2"], "--problems -2: pass how many problems each run trains, 1 or more (16 by default)"),
+    (["--problems", "17"], "--problems 17: {model}/train.json holds 16 problems; pass --problems 16 or fewer"),
+    # P = 8 would fail after the runs of P = 1, 2 and 4
+    (["--problems", "4"], "--sizes 1,2,4,8: P = 8 is more than --problems 4, the problems of a run; pass P values of "
+                          "at most 4, or --problems 8 or more"),
 ])
 def test_a_mistake_is_one_line_and_exit_2_before_any_run(argv, message, model, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(step_seconds, "run", lambda *a: pytest.fail("a training run before the check"))
     argv = [a.format(tmp=tmp_path) for a in argv]
     assert step_seconds.main(["--model", str(model), *argv]) == 2
-    assert one_line_error(capsys) == "error: " + message.format(tmp=tmp_path)
+    assert one_line_error(capsys) == "error: " + message.format(tmp=tmp_path, model=model)
+
+
+@pytest.mark.parametrize("text, why", [
+    ('[{"problem": "10 + 10", ', "is not JSON (Expecting property name enclosed in double quotes: line 1 column 25 "
+                                 "(char 24))"),
+    ('{"problems": []}', "holds an object, not a list of problems"),
+    ("[]", "holds no problem"),
+    ('[{"problem": "10 + 10", "answer": "20"}, "11 + 10"]', "record 1 is not a problem (an object with problem and "
+                                                            "answer)"),
+])
+def test_a_damaged_train_json_is_one_line_and_exit_2_before_any_run(text, why, model, monkeypatch, capsys):
+    """train.json cut short, holding an object, no problem, or a record that is no problem: said before the first
+    run (it failed each run in turn, exit 1, after starting it); --problems 2 reads the first two records alone."""
+    monkeypatch.setattr(step_seconds, "run", lambda *a: pytest.fail("a training run before the check"))
+    (model / "train.json").write_text(text)
+    assert step_seconds.main(["--model", str(model), "--problems", "2", "--sizes", "1"]) == 2
+    assert one_line_error(capsys) == (f"error: {model / 'train.json'} {why}; write it again: python "
+                                      f"examples/make_smollm2.py {model} --problems-only")
 
 
 def test_sizes_with_spaces_run_each_p_and_the_json_is_written(model, tmp_path, monkeypatch, capsys):

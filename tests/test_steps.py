@@ -379,6 +379,23 @@ def test_the_sum_tasks_chain_checker_and_the_built_in_one_in_the_worker():
         assert scorer.check_steps(["23 + 4 + 7 = 34", "23 + 5 = 28"], {}) == ([True, True], "ok")
 
 
+def test_the_chain_checker_checks_the_running_sum_and_reads_a_markdown_bullet():
+    """On "23 + 4 + 7 + 5" line 0 must be 23 + 4 = 27: "20 + 4 = 27" adds the right number to the wrong running sum
+    (a checker reading only the number added and the result would call it right). A chain written as a markdown list
+    is read line by line: "- 23 + 4 = 27", "* 27 + 7 = 34", "+ 34 + 5 = 39" all right; "- 27 + 7 = 35" wrong; a mark
+    with no space after it ("-23 + 4 = 27": a minus sign) and a numbered item ("1. 23 + 4 = 27") are no chain line."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import sum_steps
+
+    problem = {"problem": "23 + 4 + 7 + 5"}
+    assert sum_steps.chain(["20 + 4 = 27"], problem) == [False]
+    assert sum_steps.chain(["23 + 4 = 27", "20 + 7 = 34"], problem) == [True, False]
+    assert sum_steps.chain(["- 23 + 4 = 27", "* 27 + 7 = 34", "+ 34 + 5 = 39", "- \\boxed{39}"], problem) == [
+        True, True, True, None]
+    assert sum_steps.chain(["  -  23 + 4 = 27", "- 27 + 7 = 35"], problem) == [True, False]
+    assert sum_steps.chain(["-23 + 4 = 27", "1. 27 + 7 = 34"], problem) == [False, False]
+
+
 def test_the_line_figures_of_a_step_with_two_groups():
     """Verdicts of two groups: 3 right, 2 wrong, 5 unknown lines; a response with an unknown line beside a checked
     one is checked, one with none checked is not (2 of 5 responses); one check failed."""
