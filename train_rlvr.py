@@ -806,8 +806,7 @@ def optimizer_step(params, optimizer, max_grad_norm: float, loss: float = 0.0, c
             with torch.no_grad():
                 for w, b in zip(weights, copies.before):
                     w.copy_(b)
-            restore_optimizer_state(optimizer, saved)
-            copies.largest = None  # measured again before the next step
+            restore_optimizer_state(optimizer, saved)  # copies.largest stays inf: the next step is checked too
             return grad_norm, None
     moved = update_norm(copies.before, weights)
     return grad_norm, math.sqrt(sum_over_ranks(moved * moved)) if RANKS.sharding == "fsdp" else moved

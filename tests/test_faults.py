@@ -209,3 +209,47 @@ def test_a_torchrun_refusal_is_rlvrs_line_once_then_torchruns_summary_of_exit_2(
     torchrun = (ROOT / "docs" / "torchrun.md").read_text()
     assert "exitcode  : 2" in torchrun and "ChildFailedError" in torchrun and "exits with status 1" in torchrun
     assert not (tmp_path / "o").exists()
+
+
+def test_adamws_step_never_exceeds_the_bound_that_spares_the_state_copy():
+    """step_could_overflow's bound on |m_hat| / (sqrt(v_hat) + eps), the most a weight moves per unit of learning
+    rate: 1 at step 1 and 7.2702 in the limit for PyTorch's betas (0.1 sqrt(1000) / sqrt(1 - 0.81 / 0.999)).
+    The gradients that reach it (Cauchy-Schwarz's equality: g_k proportional to (b1 / b2)^(t-k)) move a weight
+    by at most the bound, and within 0.1 % of it, through torch's own AdamW."""
+    def bound(t):
+        copies = T.StepCopies([], largest=0.0)
+        opt = torch.optim.AdamW([torch.zeros(1)], lr=1.0, weight_decay=0.0)
+        opt.state[opt.param_groups[0]["params"][0]] = {"step": torch.tensor(float(t - 1))}
+        T.step_could_overflow(opt, copies, [])
+        return copies.largest / 1.001
+    assert bound(1) == pytest.approx(1.0, rel=1e-12) and bound(100_000) == pytest.approx(7.2702, abs=1e-4)
+    for t in (1, 2, 10, 200):
+        w = torch.zeros(1, requires_grad=True)
+        opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.0, eps=1e-30)
+        for k in range(1, t + 1):
+            with torch.no_grad():
+                before = w.clone()
+            w.grad = torch.tensor([(0.9 / 0.999) ** -k], dtype=torch.float32) * 1e-3
+            opt.step()
+        moved = float((w - before).abs()) / 1e-3
+        assert moved <= bound(t) * (1 + 1e-5) and moved == pytest.approx(bound(t), rel=1e-3), (t, moved, bound(t))
+
+
+def test_a_step_the_bound_proves_finite_copies_no_state_and_the_next_one_is_checked(tiny_model):
+    """lr 1e36: before the first step the largest |weight| is 1 (the norms'), so |w'| <= 1 (1e34 - 1) + 1e36 x 1.001,
+    under 1e37: no copy of AdamW's state and no check, and the bound (1.011e36) is kept; the second step's bound
+    (1e36 x 1e34) could overflow, and does (w (1 - lr wd)): checked, undone, the state restored from its copy."""
+    model, _ = tiny_model
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e36)
+    copies = T.StepCopies(T.update_norm_buffers(params, torch.device("cpu")))
+    for p in params:
+        p.grad = torch.randn_like(p)
+    _, moved = T.optimizer_step(params, opt, 1.0, 0.0, copies)
+    assert moved > 0 and copies.state == {} and copies.largest == pytest.approx(1.011e36, rel=1e-6)
+    assert max(float(p.detach().abs().max()) for p in params) <= copies.largest
+    weights, state = [p.detach().clone() for p in params], _state(opt, params)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    assert T.optimizer_step(params, opt, 1.0, 0.0, copies)[1] is None and copies.state
+    assert all(torch.equal(p, w) for p, w in zip(params, weights)) and _state(opt, params).keys() == state.keys()

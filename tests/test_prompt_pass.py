@@ -119,6 +119,14 @@ def test_the_prompt_is_read_once_per_group_and_a_silent_group_reads_nothing(tiny
         assert widths == []
     finally:
         hook.remove()
+    # with kl_coef, the frozen reference reads the prompt once too
+    ref, seen = copy.deepcopy(model), []
+    ref.register_forward_pre_hook(lambda m, args, kwargs: seen.append(
+        (args[0] if args else kwargs["input_ids"]).shape), with_kwargs=True)
+    _gradient(model, prompt, responses, adv, T.nullcontext(), lambda m: T.LossTerms([5] * 5, reference=ref,
+                                                                                     kl_coef=0.1),
+              shared=True, logprob_batch_size=5)
+    assert seen == [(1, 40), (5, 11)]
 
 
 def test_prompt_pass_is_checked_and_a_sliding_window_model_is_refused(tiny_model_dir, tiny_data_file, tmp_path,
@@ -160,11 +168,13 @@ def test_a_run_with_the_shared_pass_takes_the_same_rollouts_and_steps(tiny_model
                                                                       monkeypatch, extra):
     monkeypatch.setattr(T, "score_rollouts", rlvr_driver.by_text)
     monkeypatch.setattr(T, "sample_next_token", rlvr_driver.writes_lines())
-    runs = {}
+    runs, passes, real = {}, [], T.SharedPrompt.backward
+    monkeypatch.setattr(T.SharedPrompt, "backward", lambda self: (passes.append(1), real(self)))
     for name in ("per_response", "shared"):
         runs[name] = tmp_path / name
         assert T.main(main_args(tiny_model_dir, tiny_data_file, runs[name], "num_problems=4", "learning_rate=1e-3",
                                 f"prompt_pass={name}", *extra)) == 0
+        assert (len(passes) > 0) is (name == "shared")  # the setting reaches the pass: a prompt backward per group
     a, b = (_jsonl(runs[n] / "rollouts.jsonl") for n in runs)
     keys = ("step", "problem_index", "rollout", "response", "reward", "tokens", "line_verdicts", "entropy_mask")
     assert [tuple(r.get(k) for k in keys) for r in a] == [tuple(r.get(k) for k in keys) for r in b]
