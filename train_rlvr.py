@@ -2755,9 +2755,10 @@ def step_could_overflow(optimizer, copies: StepCopies, weights: list[torch.Tenso
     otherwise the step is taken with the state copied and the weights checked (and `largest` measured). Another
     optimizer than AdamW, several parameter groups or betas without the bound (b1^2 >= b2): always checked."""
     group = optimizer.param_groups[0]
+    if type(optimizer) is not torch.optim.AdamW or len(optimizer.param_groups) > 1 or group["amsgrad"] or group["maximize"]:
+        return True
     (b1, b2), lr, wd = group["betas"], float(group["lr"]), float(group["weight_decay"])
-    if (type(optimizer) is not torch.optim.AdamW or len(optimizer.param_groups) > 1 or group["amsgrad"]
-            or group["maximize"] or not b1 * b1 < b2):
+    if not b1 * b1 < b2:
         return True
     if copies.largest is None:
         finite, copies.largest = weights_range(weights)

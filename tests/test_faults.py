@@ -253,3 +253,18 @@ def test_a_step_the_bound_proves_finite_copies_no_state_and_the_next_one_is_chec
         p.grad = torch.randn_like(p)
     assert T.optimizer_step(params, opt, 1.0, 0.0, copies)[1] is None and copies.state
     assert all(torch.equal(p, w) for p, w in zip(params, weights)) and _state(opt, params).keys() == state.keys()
+
+
+def test_another_optimizer_is_always_checked(tiny_model):
+    """The bound is AdamW's: with SGD every step is checked (its largest |weight| measured after it): lr 1e37 with
+    a gradient clipped to norm 1 moves the weights by a norm of 1e37 and leaves them finite (the largest 2.6e35)."""
+    model, _ = tiny_model
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=1e37)
+    copies = T.StepCopies(T.update_norm_buffers(params, torch.device("cpu")))
+    for p in params:
+        p.grad = torch.randn_like(p)
+    assert T.step_could_overflow(opt, copies, [p.detach() for p in params]) and copies.largest is None
+    _, moved = T.optimizer_step(params, opt, 1.0, 0.0, copies)
+    assert moved == pytest.approx(1e37, rel=1e-5) and 1e35 < copies.largest < 1e37
+    assert copies.largest == max(float(p.detach().abs().max()) for p in params)
