@@ -304,7 +304,8 @@ def test_the_smollm2_run_is_the_spec_setup_but_for_model_data_prompt_length_and_
     demo = yaml.safe_load((ROOT / "examples" / "smollm2.yaml").read_text())
     assert set(demo) == {"model", "dataset", "device", "num_problems", "prompt_template", "eos_token", "max_new_tokens",
                          "learning_rate", "eval_problems", "eval_dataset", "eval_max_new_tokens", "eval_batch_size",
-                         "save_every", "output_dir"}
+                         "prompt_pass", "save_every", "output_dir"}
+    assert demo["prompt_pass"] == "shared"  # a few-shot prompt: read once per group in the backward
     assert demo["prompt_template"].count("{problem}") == 2 and demo["prompt_template"].count(demo["eos_token"]) == 2
     assert "heldout" in demo["eval_dataset"] and "train" in demo["dataset"]
     T.validate_config(T.Config(**demo))
