@@ -2378,10 +2378,17 @@ def step_verdicts(value, n):
         raise TypeError(f"it returned {type(value).__name__}, not a list of verdicts")
     if len(value) != n:
         raise ValueError(f"it returned {len(value)} verdicts for {n} lines")
+    value = [bool(v) if _numpy_bool(v) else v for v in value]
     bad = next((v for v in value if v is not None and not isinstance(v, bool)), None)
-    if bad is not None:
+    if bad is not None:  # an int (1, 0) is no verdict: a count or an index returned by mistake would pass as one
         raise TypeError(f"it returned {type(bad).__name__} {str(bad)[:40]!r} as a verdict, not True, False or None")
-    return list(value)
+    return value
+
+
+def _numpy_bool(v):
+    """numpy's boolean scalar (numpy.bool_, whose type numpy 2 names 'bool'), told without importing numpy: a checker
+    that compares numpy arrays returns these, and they are booleans."""
+    return type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_")
 
 
 def load_reward_function(path, name):
@@ -2403,14 +2410,22 @@ def _load_user_function(path, name, example, call, module_name):
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    fn = getattr(module, name, None)
-    if not callable(fn):
+    if not hasattr(module, name):
         raise AttributeError(f"{path} has no function {name!r}")
+    fn = getattr(module, name)
+    if not callable(fn):
+        raise TypeError(f"{path}: {name!r} is {_a_type(fn)}, not a function")
     try:
         inspect.signature(fn).bind(*example)
     except (TypeError, ValueError):
         raise TypeError(f"{name}{inspect.signature(fn)} cannot be called as {name}{call}") from None
     return fn
+
+
+def _a_type(value):
+    """'an int', 'a str': the type of a value with its article."""
+    kind = type(value).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 
 def reward_value(value):
@@ -2438,10 +2453,13 @@ def _worker_main(conn, score_fn, reward_function=None, step_checker=None):
     if _user_files(reward_function, step_checker):  # loaded once, within the parent's time limit ("loaded")
         which = None
         try:
+            # which file is loading is set before its load, so a failure is blamed on its own file
             if reward_function is not None:
-                which, user = "reward_function", load_reward_function(*reward_function)
+                which = "reward_function"
+                user = load_reward_function(*reward_function)
             if isinstance(step_checker, tuple):
-                which, checker = "step_checker", load_step_checker(*step_checker)
+                which = "step_checker"
+                checker = load_step_checker(*step_checker)
             conn.send(("loaded", None))
         except BaseException as exc:
             try:
@@ -2458,7 +2476,9 @@ def _worker_main(conn, score_fn, reward_function=None, step_checker=None):
             return
         try:
             if isinstance(msg, dict):  # a response's lines for the step checker (check_steps)
-                out = step_verdicts(checker(msg["lines"], msg["record"]), len(msg["lines"]))
+                # the checker gets a copy, so one that appends to its lines is still held to the lines sent
+                lines = msg["lines"]
+                out = step_verdicts(checker(list(lines), msg["record"]), len(lines))
             else:
                 out = score_fn(msg[0], msg[1])
                 if len(msg) > 2:  # with a record: the user's reward function too, within the same time limit

@@ -303,6 +303,51 @@ def test_the_sum_tasks_chain_checker_and_the_built_in_one_in_the_worker():
         assert scorer.check_steps(["23 + 4 + 7 = 34", "23 + 5 = 28"], {}) == ([True, True], "ok")
 
 
+def test_a_step_checker_whose_import_raises_is_blamed_on_its_own_file(tmp_path):
+    """With a reward function that loads and a step checker whose import raises, the start names the step checker
+    (the worker says which file was loading, set before each load)."""
+    rewards, broken = tmp_path / "rewards.py", tmp_path / "broken.py"
+    rewards.write_text("def score(response, answer, record):\n    return 1.0\n")
+    broken.write_text("raise ValueError('the checker cannot load')\n")
+    scorer = verifier.TimedVerifier(timeout_s=10.0, reward_function=(str(rewards), "score"),
+                                    step_checker=(str(broken), "check"))
+    with pytest.raises(verifier.RewardFunctionError) as caught:
+        scorer.__enter__()
+    assert caught.value.which == "step_checker" and str(caught.value) == "ValueError: the checker cannot load"
+    scorer.close()
+
+
+def test_a_checker_is_held_to_the_lines_it_was_sent_and_numpy_booleans_are_verdicts():
+    """appends adds a line to its list after its verdicts: 2 verdicts for the 2 lines sent, not a refusal for 3.
+    numpy_verdicts returns numpy.bool_ (its type prints as bool): Python's True and False come back."""
+    with verifier.TimedVerifier(timeout_s=10.0, step_checker=(str(CHECKERS), "appends")) as scorer:
+        assert scorer.check_steps(["ab", "abc"], {}) == ([True, False], "ok")
+    with verifier.TimedVerifier(timeout_s=10.0, step_checker=(str(CHECKERS), "numpy_verdicts")) as scorer:
+        verdicts, status = scorer.check_steps(["1 + 1 = 2", "1 + 1 = 3"], {})
+        assert (verdicts, status) == ([True, False], "ok") and [type(v) for v in verdicts] == [bool, bool]
+
+
+def test_step_verdicts_takes_numpy_booleans_and_refuses_ints():
+    numpy = pytest.importorskip("numpy")
+    got = verifier.step_verdicts([numpy.True_, numpy.False_, None], 3)
+    assert got == [True, False, None] and [type(v) for v in got[:2]] == [bool, bool]
+    with pytest.raises(TypeError) as caught:
+        verifier.step_verdicts([1, 0], 2)
+    assert str(caught.value) == "it returned int '1' as a verdict, not True, False or None"
+    with pytest.raises(TypeError) as caught:
+        verifier.step_verdicts([True, numpy.int64(0)], 2)
+    assert str(caught.value) == "it returned int64 '0' as a verdict, not True, False or None"
+
+
+def test_a_name_that_is_no_function_is_said_apart_from_a_missing_one():
+    with pytest.raises(TypeError) as caught:
+        verifier.load_step_checker(str(CHECKERS), "not_a_function")
+    assert str(caught.value) == f"{CHECKERS}: 'not_a_function' is an int, not a function"
+    with pytest.raises(AttributeError) as caught:
+        verifier.load_step_checker(str(CHECKERS), "absent")
+    assert str(caught.value) == f"{CHECKERS} has no function 'absent'"
+
+
 def test_the_line_figures_of_a_step_with_two_groups():
     """Verdicts of two groups: 3 right, 2 wrong, 5 unknown lines; a response with an unknown line beside a checked
     one is checked, one with none checked is not (2 of 5 responses); one check failed."""
