@@ -2321,40 +2321,104 @@ def reward(response, gold):
 
 
 # ----------------------------------------------------------------------------------------------
-# hard wall-clock safety net
+# step checkers (credit: steps): a verdict per line of a response, True, False or None (unknown)
 # ----------------------------------------------------------------------------------------------
-# Checked steps (credit: steps): a verdict per line of a response, True, False or None (unknown)
 
 MAX_STEP_LINE_CHARS = 300  # a longer line is unknown at once: no number in it is read
-_ARITHMETIC = {"n", "+", "*", "neg", "/"}  # the nodes a checked line may hold: numbers, + - * / ( ), \\frac
+# A list marker at the start of a line: a markdown bullet (-, *, +, •) or a number with . or ) (1. 2)), each followed by
+# a space. Anchored at the start, each part bounded: linear.
+_LIST_MARKER_RE = re.compile(r"\s*(?:[-*+\u2022]|[0-9]{1,3}[.)])\s+")
+_FRACS = {"frac", "dfrac", "tfrac"}
 
 
-def check_arithmetic(lines, record=None):
-    """The built-in step checker: a verdict per line (arithmetic_verdict). record is unused (the user's checkers
-    get the data set's record, e.g. the problem's numbers)."""
+def check_arithmetic(lines, record=None, problem=""):
+    """The built-in step checker `arithmetic`: a verdict per line (arithmetic_verdict). record and problem are unused
+    (a user's checker gets the data set's record; `grounded` reads the problem's text)."""
     return [arithmetic_verdict(line) for line in lines]
 
 
 def arithmetic_verdict(line):
-    """A line that states `expression = number` (integers, decimals, fractions; + - * / and parentheses,
-    \\times, \\cdot, \\div, \\frac{a}{b}; $ or \\( \\) around it and a period after it are dropped) is True when
-    exact rational arithmetic agrees and False when it does not. Any other line (words, variables, no `=` or more
-    than one, a power, a root, a division by zero, more than MAX_STEP_LINE_CHARS characters) is None: unknown.
-    The answers' tokenizer and parser, with their bounds (MAX_TOKENS, MAX_NODES, MAX_DEPTH, MAX_LITERAL_DIGITS,
-    MAX_BITS): no text is run as code and no line can take long."""
+    """A line that states `expression = number` is True when exact rational arithmetic agrees and False when it does
+    not; any other line is None: unknown. Read as written, and nothing else:
+      * numbers: integers, decimals (``.5`` too) and repeating decimals (``0.\\overline{3}``), a sign before them;
+      * operators + - * / and \\times, \\cdot, \\div; round brackets, ``\\left( \\right)`` too; ``\\frac{a}{b}``
+        (``\\dfrac``, ``\\tfrac``) with both arguments in braces;
+      * the right side one number, or a fraction of two, as written (``1 + 1 = 1 + 1`` is unknown);
+      * dropped around it: a list marker at its start (a bullet ``-``, ``*``, ``+``, ``•`` or ``1.``, ``2)``, each
+        followed by a space: ``- 5 + 10 = 5`` is False, while ``-3 + 1 = -2`` keeps its minus), ``$ $``, ``\\( \\)``,
+        ``\\boxed{}`` and a period after it.
+    Unknown, since a model's arithmetic is not written so or its reading is in doubt: a number beside a number or a
+    bracket with no operator (``2(3) = 6``, ``6/2(3) = 1``, the mixed number ``3\\frac12``: products or not), square
+    brackets and bare braces (``{1+2}*3`` shows as 1+2*3), scientific notation (``2e+3`` may be 2e + 3), thousands
+    commas, powers, roots, words, variables, no `=` or more than one, a division by zero, and a line of more than
+    MAX_STEP_LINE_CHARS characters. The answers' tokenizer and parser, with their bounds (MAX_TOKENS, MAX_NODES,
+    MAX_DEPTH, MAX_LITERAL_DIGITS, MAX_BITS): no text is run as code and no line can take long."""
     if not isinstance(line, str) or len(line) > MAX_STEP_LINE_CHARS or _CTRL_RE.search(line):
         return None
-    sides = _strip_wrappers(line).split("=")  # $ $, \( \), a \boxed{} around it and a period after it dropped
+    marker = _LIST_MARKER_RE.match(line)
+    # $ $, \( \), a \boxed{} around it and a period after it dropped
+    sides = _strip_wrappers(line[marker.end():] if marker else line).split("=")
     if len(sides) != 2 or not all(side.strip() for side in sides):
         return None
     try:
-        left, right = (_parse(_tokenize(side)) for side in sides)
-        if not all(n[0] in _ARITHMETIC for n in _walk(left)) or not _a_number(right):
+        left, right = (_written_arithmetic(_tokenize(side)) for side in sides)
+        if left is None or right is None or not _a_number(right):
             return None
         a, b = _value(left, {}), _value(right, {})
     except (_Refuse, _Undefined, ArithmeticError, RecursionError, ValueError):
         return None
     return a == b if isinstance(a, Fraction) and isinstance(b, Fraction) else None
+
+
+def _written_arithmetic(toks):
+    """The tree of an expression written with numbers, + - * /, round brackets and \\frac{a}{b} only, an operator
+    between every two operands; else None. \\frac's braces become brackets, (a)/(b), and any other brace refuses."""
+    out, braces = [], []  # braces: for each open brace, what its close writes
+    expect_frac_arg = None  # after \frac (and after its numerator): the brace that must come next
+    for kind, val in toks:
+        if expect_frac_arg is not None:
+            if (kind, val) != ("op", "{"):
+                return None  # \frac12: the unbraced form is not read
+            out.append(("op", "("))
+            braces.append(expect_frac_arg)
+            expect_frac_arg = None
+        elif kind == "cmd" and val in _FRACS:
+            out.append(("op", "("))  # (  (a) / (b)  )
+            expect_frac_arg = "numerator"
+        elif (kind, val) == ("op", "}"):
+            if not braces:
+                return None
+            closing = braces.pop()
+            out.append(("op", ")"))
+            if closing == "numerator":
+                out.append(("op", "/"))
+                expect_frac_arg = "denominator"
+            else:
+                out.append(("op", ")"))
+        elif kind == "num" and val[2] is None or kind == "op" and val in "+-*/()":
+            out.append((kind, val))
+        else:
+            return None  # a word, a variable, another bracket or command, scientific notation
+    if braces or expect_frac_arg is not None or not _operator_between_operands(out):
+        return None
+    return _parse(out)
+
+
+def _operator_between_operands(toks):
+    """Every operand (a number or a bracket) follows an operator or an opening bracket, every binary operator an
+    operand, and the expression ends with an operand: no juxtaposition, nothing dangling. + and - may open a term."""
+    want_operand = True
+    for kind, val in toks:
+        if want_operand:
+            if kind == "num":
+                want_operand = False
+            elif val not in "(+-":
+                return False
+        elif kind == "num" or val == "(":
+            return False  # 2(3), (1)(2), 2 3: a product not written as one
+        elif val != ")":
+            want_operand = True
+    return not want_operand
 
 
 def _a_number(node):
@@ -2391,6 +2455,9 @@ def _numpy_bool(v):
     return type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_")
 
 
+# ----------------------------------------------------------------------------------------------
+# hard wall-clock safety net
+# ----------------------------------------------------------------------------------------------
 def load_reward_function(path, name):
     """The function ``name`` of the Python file ``path`` (a user's own reward, run in the worker only),
     checked to take (response, answer, record). Raises with a one-line reason."""

@@ -142,6 +142,36 @@ def test_the_arithmetic_checker_reads_a_line_as_exact_rational_arithmetic(line, 
 
 
 @pytest.mark.parametrize("line, verdict", [
+    ("2(3) = 6", None),                           # a number beside a bracket: a product not written as one
+    ("6/2(3) = 9", None), ("6/2(3) = 1", None),   # and so never read either way
+    ("(1)(2) = 2", None), ("3 \\frac{1}{2} = 3.5", None),  # brackets side by side; a mixed number
+    ("1e3 = 1000", None), ("2e+3 = 2003", None),  # scientific notation: 2e+3 may be 2e + 3
+    ("[1 + 2] = 3", None), ("{1+2}*3 = 9", None),  # square brackets; bare braces (LaTeX shows 1+2*3)
+    ("\\frac12 = 0.5", None),                      # \frac without its braces
+    ("\\left(1+2\\right)\\times 3 = 9", True),     # \left( \right) are round brackets
+    ("\\frac{\\frac{1}{2}}{2} = 0.25", True),
+    ("0.\\overline{3} = 1/3", True),               # a repeating decimal is a number, exactly
+    ("- 23 + 4 = 27", True), ("- 5 + 10 = 5", False), ("* 23 + 4 = 27", True),  # markdown bullets
+    ("1. 23 + 4 = 27", True), ("2) 5 + 5 = 10", True), ("  \u2022 2 + 2 = 5", False),  # numbered items
+    ("-3 + 1 = -2", True), ("- 3 + 1 = -2", False),  # a minus against its number is a sign, a spaced one a bullet
+    ("3 = (1 + 2)/1", None),                      # the right side is a number as written
+    ("2^3 + 1 = 9", None), ("1 + 2^3 = 9", None),  # every part of the left side is checked
+    ("1/3 = 0.33333333333333331", False),         # exact: as floats the two are equal
+])
+def test_the_arithmetic_checker_reads_these_lines_as_its_page_says(line, verdict):
+    assert verifier.arithmetic_verdict(line) is verdict
+
+
+def test_the_arithmetic_checker_reads_lines_of_up_to_300_characters():
+    """A 300-character sum of 74 ones is right; the same with 5 spaces more (305 characters) is unknown."""
+    line = " + ".join(["1"] * 74) + "   = 74"
+    assert len(line) == 300 and verifier.arithmetic_verdict(line) is True
+    longer = line.replace("   = ", "        = ")
+    assert len(longer) == 305 and verifier.arithmetic_verdict(longer) is None
+    assert float(verifier.Fraction(1, 3)) == float("0.33333333333333331")  # why the exact comparison matters
+
+
+@pytest.mark.parametrize("line, verdict", [
     ("9" * 1_000_000 + " = 1", None),                   # a million-digit number: over the line's size, at once
     ("2**2**2**30 = 1", None),                          # a tower: ** is no operator here
     ("(" * 100 + "1" + ")" * 100 + " = 1", None),       # nesting past the parser's depth
