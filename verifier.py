@@ -2555,9 +2555,9 @@ def _judge(sides, pool):
                 or nxt[0][0] == "num" and nxt[0][1] == a and not result:
             doubt = True
             continue
-        if _side_values(sides, hundredths=False) not in (None, values) and _chain_holds(
-                _side_values(sides, hundredths=False)):
-            doubt = True
+        as_numbers = _side_values(sides, hundredths=False) if any(_is_percent(t) for s in sides for t in s) else None
+        if as_numbers and (as_numbers[k] == as_numbers[k + 1] or result and _rounds_to(as_numbers[k], result, True)):
+            doubt = True  # 1/3 * 100% = 33.333%: true only with its percents read as their numbers
             continue
         return False
     if doubt:
@@ -2576,7 +2576,7 @@ def _side_values(sides, hundredths):
     """Each side's exact value (percents as hundredths, or as the numbers written), or None if one is not read."""
     values = []
     for side in sides:
-        text = " ".join((t[4] if hundredths or not t[2] or t[4][-5:] != "/100)" else f"({t[2][0]})") if t[0] == "num"
+        text = " ".join((f"({t[2][0]})" if not hundredths and _is_percent(t) else _number_text(t)) if t[0] == "num"
                         else t[1] for t in side)
         tree = _written_arithmetic(_tokenize(text))
         value = _value(tree, {}) if tree is not None else None
@@ -2586,14 +2586,23 @@ def _side_values(sides, hundredths):
     return values
 
 
+def _number_text(tok):
+    """A number token as the parser reads it: its digits (a percent, fraction or mixed number in brackets), or the
+    value of a number word."""
+    return str(tok[1]) if tok[4].isalpha() else tok[4]
+
+
 def _chain_holds(values):
     return all(a == b for a, b in zip(values, values[1:]))
 
 
-def _rounds_to(value, tok):
-    """Whether a number written with decimals (2.22) is value rounded to its places (either way at a tie)."""
-    places = len(tok[4].partition(".")[2]) if tok[4].replace(".", "").isdigit() else 0
-    return places > 0 and abs(value - tok[1]) * 2 * 10 ** places <= 1
+def _rounds_to(value, tok, as_written=False):
+    """Whether a number written with decimals (2.22; 33.333%) is value rounded to its places (either way at a tie);
+    as_written: a percent by its number."""
+    digits = tok[4][1:-5] if _is_percent(tok) else tok[4]
+    places = len(digits.partition(".")[2]) if digits.replace(".", "").isdigit() else 0
+    written = tok[2][0] if as_written and _is_percent(tok) else tok[1]
+    return places > 0 and abs(value - written) * 2 * 10 ** places <= 1
 
 
 def _grounded_number(tok, known):
@@ -2641,7 +2650,9 @@ def _problem_numbers(problem):
             if _is_percent(tok):
                 p = tok[2][0]
                 pool |= {1 + p / 100, 1 - p / 100, 100 + p, 100 - p}
-        elif tok[0] in ("word", "unit"):
+        elif tok[0] == "unit" and isinstance(tok[1], Fraction):
+            pool.add(tok[1])  # a number word read inside a unit (the first two groups)
+        elif tok[0] in ("word", "unit") and isinstance(tok[1], str):
             parts = tok[1].split("-")
             for part in parts:
                 pool |= {Fraction(v) for v in NUMBER_WORDS.get(part, ())}
@@ -2687,7 +2698,7 @@ def _prose_tokens(text, skip_marker=False, refuse=True):
             word = text[i:j]
             if word.lower() in _CARDINALS:
                 value = Fraction(_CARDINALS[word.lower()])
-                toks.append(("num", value, (), space, str(value), ()))
+                toks.append(("num", value, (), space, word, ()))  # the parser reads str(value): _number_text
             elif len(word) == 1 and (word not in "aAI" or not space and toks and toks[-1][0] == "num"):
                 toks.append(("var", word, None, space, word))  # x; 3A, 2L: a letter against a number too
             else:
@@ -2851,7 +2862,9 @@ def _tight_fraction(toks, k):
         return False  # 48/2 = 24 stays a division
     before = toks[k - 1] if k else None
     after = toks[k + 3] if k + 3 < len(toks) else None
-    return not (before and before[:2] == ("op", "/") and not a[3] or after and after[:2] == ("op", "/") and not after[3])
+    per = k + 4 < len(toks) and toks[k + 4][0] in ("word", "var") and not toks[k + 4][3]  # 1/12/day: a per-slash
+    return not (before and before[:2] == ("op", "/") and not a[3]
+                or after and after[:2] == ("op", "/") and not after[3] and not per)
 
 
 def _word_op(toks, j):
@@ -2873,15 +2886,18 @@ def _operand_at(toks, j):
 def _mark_units(toks):
     """Words read as units become kind unit (the statements skip them):
       * a per-slash with the word after it ($50/hour, 4 tickets/ride, 1000 ml/L);
-      * a letter of _UNIT_LETTERS right after a number, in a line where it stands nowhere else (400 m, 130g);
+      * a letter right after a number, in a line where it stands nowhere else: one of _UNIT_LETTERS (400 m, 130g),
+        or any but x at the end of a run (= 4m, = 4582 L of water);
       * the words between a number and the operator, = or ) after it (20 sheep + 160 sheep, 5 lemon sours* 32,
         3 lbs. coffee * 40, 8 friends + 1 (Samuel) + 1 (Cathy)): up to MAX_UNIT_WORDS, a bracket of words only among
-        them, a clause word only before an = ($74 - $23 that he spent = $51), a number word not before + or -
+        them, a clause word only before an = ($74 - $23 that he spent = $51), a number in words only before =, + or -
+        (25 minutes in the next five floors + 80; but two weeks seven times 2 is 14), a number word not before + or -
         (6 dozen * 12 eggs/dozen, but 2 dozen + 5 is 29);
-      * up to 3 words between an operator and its number (2 * the 10 marbles), neither clause nor number words.
+      * up to 3 words between an operator and its number (2 * the 10 marbles, + Cynthia's 8 gallons), neither clause
+        nor number words nor capitalized but for an owner's name (Week 1 + Week 2: a label's word).
     An x or X between a number (or its unit) and an operand is a times sign (0.2 x 50, $300/month x 12 months), and
     so are the operators written as words there (48 times two equals 96). Each token is looked at a bounded number
-    of times: linear."""
+    of times (a unit's scan is bounded): linear."""
     n = len(toks)
     for k, tok in enumerate(toks):  # whether a word follows the number (5 hours, 1/2 a cup): a quantity, see _quantity
         if tok[0] in ("num", "ord"):
@@ -2893,28 +2909,30 @@ def _mark_units(toks):
             toks[k], toks[k + 1] = ("unit",) + toks[k][1:], ("unit",) + after[1:]
         elif toks[k][:2] == ("op", ")") and after[:2] in (("var", "x"), ("var", "X")) and _operand_at(toks, k + 2):
             toks[k + 1] = ("op", "*") + after[2:]  # (24/12) x $4
-    letters = {}
+    after_numbers = {}  # each letter: whether it stands only right after numbers in this line
     for k, tok in enumerate(toks):
-        if tok[0] == "var" and tok[1] in _UNIT_LETTERS:
-            letters[tok[1]] = letters.get(tok[1], True) and k > 0 and toks[k - 1][0] == "num" and (
-                tok[3] or tok[1] in _GLUED_UNIT_LETTERS)
+        if tok[0] == "var":
+            after_numbers[tok[1]] = after_numbers.get(tok[1], True) and k > 0 and toks[k - 1][0] == "num"
     for k, tok in enumerate(toks):
-        if tok[0] == "var" and letters.get(tok[1]):
-            toks[k] = ("word",) + tok[1:]
+        if tok[0] == "var" and after_numbers.get(tok[1]):
+            last = k + 1 == n or toks[k + 1][0] not in ("num", "op", "eq", "var")
+            if tok[1] in _UNIT_LETTERS and (tok[3] or tok[1] in _GLUED_UNIT_LETTERS) or last and tok[1] not in "xX":
+                toks[k] = ("word",) + tok[1:]
     k = 0
     while k < n:
         if toks[k][0] != "num":
             k += 1
             continue
-        j, words, clause, number_word = k + 1, 0, False, False
-        while j < n:
-            tok = toks[j]
+        j, words, clause, spoken, number_word, steps = k + 1, 0, False, False, False, 0
+        while j < n and steps < 4 * MAX_UNIT_WORDS:
+            tok, steps = toks[j], steps + 1
             if tok[0] == "unit" or tok[:2] == ("brk", ".") and not tok[3] and toks[j - 1][0] in ("word", "unit"):
                 j += 1  # a per-slash; an abbreviation's period (lbs.)
             elif (tok[0] in ("word", "ord") or tok[0] == "num" and tok[4].isalpha()) and words < MAX_UNIT_WORDS \
                     and not _word_op(toks, j):
                 clause = clause or tok[1] in _CLAUSE_WORDS
-                number_word = number_word or tok[0] == "num" or tok[1] in NUMBER_WORDS
+                spoken = spoken or tok[0] == "num"
+                number_word = number_word or tok[1] in NUMBER_WORDS
                 j, words = j + 1, words + 1
             elif tok[:2] == ("op", "(") and words < MAX_UNIT_WORDS:
                 m = j + 1
@@ -2932,7 +2950,7 @@ def _mark_units(toks):
         equals = end[0] == "eq" or word_op and word_op[0] == "="
         adds = end[0] == "op" and end[1] in "+-" or word_op and word_op[0] in "+-"
         if (times or word_op or equals or end[0] == "op" and end[1] != "(") and (equals or not clause) \
-                and not (number_word and adds):
+                and not (number_word and adds) and (equals or not spoken or end[0] == "op" and end[1] in "+-"):
             for m in range(k + 1, j):
                 toks[m] = ("unit",) + toks[m][1:]
             if times:
@@ -2941,12 +2959,15 @@ def _mark_units(toks):
                 toks[j] = ("eq" if word_op[0] == "=" else "op", word_op[0]) + end[2:]
                 if word_op[1] == 2:
                     toks[j + 1] = ("unit",) + toks[j + 1][1:]
-        k = max(j, k + 1)
+            k = j
+        else:
+            k += 1  # not a unit: the next number (a number word among these words) starts its own
     for k in range(n - 1):
         if toks[k][0] == "op" and toks[k][1] in "+-*/":
             m = k + 1
             while m < n and m - k <= 3 and toks[m][0] == "word" and toks[m][1] not in _CLAUSE_WORDS \
-                    and toks[m][1] not in NUMBER_WORDS and not _word_op(toks, m):
+                    and toks[m][1] not in NUMBER_WORDS and not _word_op(toks, m) \
+                    and not (toks[m][4][0].isupper() and toks[m][4][-2:] not in ("'s", "\u2019s")):
                 m += 1
             if k + 1 < m < n and toks[m][0] == "num":
                 for w in range(k + 1, m):
@@ -2956,8 +2977,7 @@ def _mark_units(toks):
 def _statements(toks):
     """The statements of a line: each run of numbers, operators, = and variables (units skipped) that holds an =
     gives its sides (lists of tokens), or None when it is in doubt (_statement). A number right after a number ends a
-    run ("24000/6=4000 6 megabyte pictures"); a variable right after a run's last number is its unit (4582 L);
-    "= =" is one =; an ordinal right after = is the result (5 + 8 = 13th floor). A run that comes after one ending
+    run ("24000/6=4000 6 megabyte pictures"); "= =" is one =; an ordinal right after = is the result (5 + 8 = 13th floor). A run that comes after one ending
     with an operator, words between and no clause word ("7 adults + Shonda (1) + 2 = 10"), has its left operand
     outside it: in doubt unless its first side is a label."""
     out, run, dangling = [], [], False
@@ -2967,8 +2987,6 @@ def _statements(toks):
         if tok[0] == "ord" and run and run[-1][0] == "eq":
             run.append(("num",) + tok[1:])  # 5 + 8 = 13th floor: the ordinal is the result, and ends the run
         if tok[0] == "num" and run and run[-1][0] == "num" or tok[0] not in ("num", "op", "eq", "var"):
-            if run and run[-1][0] == "var" and len(run) > 1 and run[-2][0] == "num":
-                run = run[:-1]
             if any(t[0] == "eq" for t in run):
                 sides = _statement(run, dangling)
                 if sides != ():

@@ -11,7 +11,8 @@ alone, never the reference it judges (a built-in gets the problem's text as `pro
 the very function the verifier's worker calls. --out gets one JSON line per solution line:
 {"record": i, "line": k, "text": ..., "verdict": true|false|null}.
 
-Printed (and written to --record as JSON):
+Printed, and with --record PATH written to PATH as JSON under the checker's name (PATH holds an object of them: an
+entry of another checker already there is kept):
   annotated lines   the lines that carried a <<...>> annotation: right / wrong / unknown
   other lines       the rest (prose, or arithmetic the authors did not annotate)
   changed result    in each solution, one annotated line (drawn with --seed) whose annotation computes (an operator
@@ -112,12 +113,28 @@ def load_checker(spec: str):
         raise Mistake(f"--checker {spec} cannot be loaded: {verifier._failure(e)}") from None
 
 
-def check_out(out: Path) -> None:
+def check_out(out: Path, flag: str = "--out", what: str = "the verdicts") -> None:
     if out.is_dir():
-        raise Mistake(f"--out {out} is a folder; pass the path of a file to write the verdicts to")
+        raise Mistake(f"{flag} {out} is a folder; pass the path of a file to write {what} to")
     if not out.parent.is_dir():
-        raise Mistake(f"--out {out}: no folder {out.parent} to write it in; create the folder first, or pass a "
+        raise Mistake(f"{flag} {out}: no folder {out.parent} to write it in; create the folder first, or pass a "
                       "path in an existing one")
+
+
+def read_record(path: Path, flag: str) -> dict:
+    """--record's file as it is now: {} if absent, else the JSON object it holds."""
+    check_out(path, "--record", "the summary")
+    if not path.exists():
+        return {}
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise Mistake(f"--record {flag} cannot be read as JSON ({type(e).__name__}); pass a new file or the record "
+                      "this script wrote") from None
+    if not isinstance(recorded, dict):
+        raise Mistake(f"--record {flag} holds a JSON {type(recorded).__name__}, not the object of checkers this "
+                      "script writes; pass a new file or the record this script wrote")
+    return recorded
 
 
 def solution_lines(answer: str) -> tuple[list[str], list[str]]:
@@ -240,13 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problem-field", default="question")
     ap.add_argument("--answer-field", default="answer")
     ap.add_argument("--seed", type=int, default=0, help="draws the changed lines and numbers")
-    ap.add_argument("--record", help="also write the summary here as JSON")
+    ap.add_argument("--record", help="also write the summary into this JSON file, under the checker's name")
     try:
         args = ap.parse_args(argv)
         # every mistake is said here, before any line is checked
         check_out(Path(args.out))
-        if args.record:
-            check_out(Path(args.record))
+        recorded = read_record(Path(args.record), args.record) if args.record else None
         checker, built_in = load_checker(args.checker)
         records = read_records(Path(args.data), args.problem_field, args.answer_field)
     except Mistake as e:
@@ -287,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
           f"right {nowhere['right']} ({share(nowhere['right'], nowhere['lines'])})")
     print(f"verdicts: {args.out}")
     if args.record:
-        Path(args.record).write_text(json.dumps(summary, indent=1) + "\n")
+        recorded[args.checker] = summary
+        Path(args.record).write_text(json.dumps(recorded, indent=1) + "\n")
     return 0
 
 

@@ -45,3 +45,8 @@ def numpy_verdicts(lines, record):
 
 
 not_a_function = 3  # a name that exists but cannot be called
+
+
+def sees_the_problem_only(lines, record):
+    """Right when its record holds the problem alone (the agreement script's record: never the reference solution)."""
+    return [set(record) == {"question"} and "Tim" in record["question"]] * len(lines)
