@@ -73,6 +73,44 @@ def test_a_line_of_prose_has_its_worked_verdict(line, want):
     assert verdict(line) is want
 
 
+@pytest.mark.parametrize("line, want", [
+    # a clause word is part of a unit only before =
+    ("So x = 68 because - 30 = 38", None), ("$68 - $30 that he spent = $38", True),
+    # a number word (dozen) is no unit before + or -; a number in words only before =, + or -
+    ("12 dozen + 5 = 17", None), ("60 minutes in the next five floors + 30 = 90", True),
+    ("4 workers five times 2 equals 10", True),  # five times 2, not 4 times 2
+    # words between an operator and its number; a capitalized label's word is none, an owner's name is
+    ("2 * the 68 apples = 136", True), ("Week 1 + Week 2 = 20 + 30 = 50", True), ("68 apples + Sam's 30 apples = 98", True),
+    ("68 + Tim 20 + 30 = 50", None),  # the run before ended with +: 68 + ... is not 20 + 30
+    # letters after numbers: units where they stand nowhere else; a glued L, and x, stay variables
+    ("160 m + 20 m = 180 m", True), ("160g + 20g = 180g", True), ("2L + 30 = 68", None), ("68 - 30 = 38p", True),
+    ("68 - 30 = 38x", None),
+    # = = is one =; an ordinal after = is the result; a label (a lone number) before a chain is dropped
+    ("68 - 30 = = 38", True), ("160 + 20 = 180th", True), ("8 hours = 8 * 60 = 480 minutes", True),
+    # an operator with its left operand outside; a bracket around the statement
+    ("apples - 30 = 38", None), ("(68 - 30 = 38)", True),
+    # in doubt: two lone numbers in a chain, percents true only as numbers, a leading zero, a number cut short
+    ("4 * 60 = 240 minutes = 4 hours", None), ("$1,200 / 20% = $60", None), ("0730 - 30 = 700", None),
+    ("850 / 60 = 14.16...", None),
+    # cents of a value computed in dollars; a mixed number with and
+    ("$50 - $30 = 2000 cents", True), ("8 * 5 and 1/2 = 44", True),
+    # a false statement makes the line wrong beside an unknown one; a chain's later side is held to its numbers
+    ("68 - 30 = 38 but 13 * 7 = 92", False), ("20 sheep + 160 sheep = 180 sheep = 9 * 21", False),
+])
+def test_each_reading_rule_has_its_worked_verdict(line, want):
+    assert verdict(line) is want
+
+
+@pytest.mark.parametrize("problem, want", [
+    ("Tim eats 3/4 of 68 apples.", True),  # a fraction's numbers
+    ("Tim has 68 apples and twenty-five pears.", True),  # twenty-five: 25
+    ("Tim has 68 apples and twenty pears.", None),
+])
+def test_a_problems_fractions_and_compound_words_ground(problem, want):
+    line = "68 * 3 = 204" if "3/4" in problem else "68 + 25 = 93"
+    assert verdict(line, problem) is want
+
+
 @pytest.mark.parametrize("problem, want", [
     ("Tim has 68 apples and Sam has thrice as many.", True),  # thrice: 3
     ("Tim has 68 apples and Sam has three times as many.", True),  # three: 3
