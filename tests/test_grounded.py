@@ -94,8 +94,17 @@ def test_a_line_of_prose_has_its_worked_verdict(line, want):
     ("850 / 60 = 14.16...", None),
     # cents of a value computed in dollars; a mixed number with and
     ("$50 - $30 = 2000 cents", True), ("8 * 5 and 1/2 = 44", True),
-    # a false statement makes the line wrong beside an unknown one; a chain's later side is held to its numbers
-    ("68 - 30 = 38 but 13 * 7 = 92", False), ("20 sheep + 160 sheep = 180 sheep = 9 * 21", False),
+    # a false statement makes the line wrong beside an unknown one, before or after it; a chain's later side is
+    # held to its numbers
+    ("68 - 30 = 38 but 13 * 7 = 92", False), ("13 * 7 = 91 but 68 - 30 = 39", False),
+    ("20 sheep + 160 sheep = 180 sheep = 9 * 21", False),
+    # a letter that also stands alone in the line is a variable everywhere in it
+    ("160 m + 20 = 180, so m = 1", None),
+    # a running total; a percent sign after a space; a leading zero; a hyphen is no minus (3-day)
+    ("4 * 60 = 240 + 8 = 248", None), ("$1,200 * 20 % = $240", True), ("068 - 30 = 38", None),
+    ("Tim's 2-day trip 68 - 30 = 38", True),
+    # a fraction is grounded by its value or by both its numbers (4 is, 3 is not)
+    ("1200 * 3/4 = 900", None),
 ])
 def test_each_reading_rule_has_its_worked_verdict(line, want):
     assert verdict(line) is want
