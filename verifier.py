@@ -161,6 +161,14 @@ Safety (bounded by construction)
     order: same input, same output in every process. ``TimedVerifier`` adds a hard wall-clock
     limit by scoring in a persistent spawned worker process that is killed and restarted on
     overrun.
+
+Step checkers (credit: steps)
+    A verdict per line of a response (True, False or None), by the same tokenizer, parser and
+    bounds: ``arithmetic`` reads a line that is ``expression = number`` and nothing else
+    (arithmetic_verdict); ``grounded`` reads the arithmetic statements inside lines of prose and
+    holds their inputs to the problem's numbers (grounded_verdicts). docs/verifier.md, "Step
+    checkers", says what each reads; ``TimedVerifier(step_checker=...).check_steps(lines, record,
+    problem)`` runs one in the worker.
 """
 
 from __future__ import annotations
