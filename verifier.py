@@ -2333,8 +2333,8 @@ def reward(response, gold):
 # ----------------------------------------------------------------------------------------------
 
 MAX_STEP_LINE_CHARS = 300  # a longer line is unknown at once: no number in it is read
-# A list marker at the start of a line: a markdown bullet (-, *, +, •) or a number with . or ) (1. 2)), each followed by
-# a space. Anchored at the start, each part bounded: linear.
+# A list marker at the start of a line: a markdown bullet (-, *, +, •) or a number with . or ) (1. 2)), each followed
+# by a space. Anchored at the start, each part bounded: linear.
 _LIST_MARKER_RE = re.compile(r"\s*(?:[-*+\u2022]|[0-9]{1,3}[.)])\s+")
 _FRACS = {"frac", "dfrac", "tfrac"}
 
@@ -2775,8 +2775,8 @@ def _prose_number(text, i, toks, space, refuse):
     if 1 <= len(digits) <= 3 and digits[0] != "0":
         for sep, end in ((",", "0123456789"), (" ", _SPACE_GROUP_END)):
             k = j
-            while (k + 4 <= n and text[k] == sep and text[k + 1:k + 4].isdigit() and (k + 4 == n or text[k + 4] not in end)
-                   and len(digits) <= MAX_LITERAL_DIGITS):
+            while (k + 4 <= n and text[k] == sep and text[k + 1:k + 4].isdigit()
+                   and (k + 4 == n or text[k + 4] not in end) and len(digits) <= MAX_LITERAL_DIGITS):
                 digits += text[k + 1:k + 4]
                 k += 4
             if k > j:
@@ -2985,9 +2985,9 @@ def _mark_units(toks):
 def _statements(toks):
     """The statements of a line: each run of numbers, operators, = and variables (units skipped) that holds an =
     gives its sides (lists of tokens), or None when it is in doubt (_statement). A number right after a number ends a
-    run ("24000/6=4000 6 megabyte pictures"); "= =" is one =; an ordinal right after = is the result (5 + 8 = 13th floor). A run that comes after one ending
-    with an operator, words between and no clause word ("7 adults + Shonda (1) + 2 = 10"), has its left operand
-    outside it: in doubt unless its first side is a label."""
+    run ("24000/6=4000 6 megabyte pictures"); "= =" is one =; an ordinal right after = is the result (5 + 8 = 13th
+    floor). A run that comes after one ending with an operator, words between and no clause word ("7 adults + Shonda
+    (1) + 2 = 10"), has its left operand outside it: in doubt unless its first side is a label."""
     out, run, dangling = [], [], False
     for tok in toks + [("brk", "", None, True, "")]:
         if tok[0] == "unit":

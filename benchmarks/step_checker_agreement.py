@@ -19,11 +19,12 @@ entry of another checker already there is kept):
                     before its last =; <<20=20>> restates a number, as in "x = 20") and whose stated result (the
                     number after the annotation) is changed to that result + 1 or x 2 (drawn too; + 1 for a 0): the
                     share judged wrong. The solution's other lines are as written.
-  from nowhere      in each solution, one annotated line (drawn) whose annotation computes, with one operand of it, found in the
-                    text before it, replaced by a number from nowhere (13 to 999, drawn; not a number of the
-                    problem or of the solution up to that line, in digits or as a number word, nor a unit constant)
-                    and its stated result made to agree (the annotation recomputed exactly; drawn again until the
-                    result is a whole number or a decimal of up to 4 places): the share judged right.
+  from nowhere      in each solution, one annotated line (drawn) whose annotation computes, with one operand of
+                    it, found in the text before it, replaced by a number from nowhere (13 to 999, drawn; not a
+                    number of the problem or of the solution up to that line, in digits or as a number word, nor a
+                    unit constant) and its stated result made to agree (the annotation recomputed exactly; drawn
+                    again until the result is a whole number or a decimal of up to 4 places): the share judged
+                    right.
 A solution with no line to change is left out of that figure (the count says how many were changed). Mistakes in
 the arguments are one line and exit 2, before any line is checked.
 """

@@ -18,8 +18,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import step_checker_agreement as agreement  # noqa: E402
 
 CHECKERS = ROOT / "tests" / "step_checkers.py"
-PROBLEM = ("Tim has 68 apples and gives away 30. A farm has 20 sheep and 160 goats. Anna earns $50 an hour for 8 hours. "
-           "850 kg of rice fills bags of 50 kg. A coat costs $1,200 and is 20% off. The town has 350 000 people. "
+PROBLEM = ("Tim has 68 apples and gives away 30. A farm has 20 sheep and 160 goats. "
+           "Anna earns $50 an hour for 8 hours. 850 kg of rice fills bags of 50 kg. "
+           "A coat costs $1,200 and is 20% off. The town has 350 000 people. "
            "A box holds twelve eggs and a carton half a dozen. Each of 4 workers works 60 minutes and takes 5 breaks. "
            "A car goes 2.5 miles in 4 minutes.")
 
@@ -33,7 +34,8 @@ def verdict(line, problem=PROBLEM):
     ("Tim has 68-30 = 38 apples.", True), ("Tim has 68-30 = 39 apples.", False), ("The answer is 38.", None),
     # units between numbers and operators: words, a per-slash
     ("20 sheep + 160 sheep = 180 sheep", True), ("20 sheep + 160 goats = 190 animals", False),
-    ("$50/hour * 8 hours = $400", True), ("850 kg / 50 kg/bag = 17 bags", True), ("850 kg / 50 kg/bag = 18 bags", False),
+    ("$50/hour * 8 hours = $400", True), ("850 kg / 50 kg/bag = 17 bags", True),
+    ("850 kg / 50 kg/bag = 18 bags", False),
     # $ and thousands (commas, single spaces)
     ("$1,200 - 30 = $1,170", True), ("350 000 / 50 = 7 000", True), ("350,000 / 50 = 7,000", True),
     # a percent is a hundredth; a lone result may be the percent's number; 20% grounds 0.8 and 80
@@ -44,7 +46,8 @@ def verdict(line, problem=PROBLEM):
     # chains: every link holds; 12 comes from 60 / 5
     ("4 * 60 / 5 = 4 * 12 = 48", True), ("4 * 60 / 5 = 4 * 12 = 50", False), ("4 * 60 / 5 = 4 * 13 = 52", False),
     # operators and numbers written as words; number words ground (twelve), half a dozen is no 6
-    ("twelve times 4 equals 48", True), ("68 divided by 4 equals 17", True), ("48 divided by twelve equals 4", None), ("12 * 6 = 72", None),
+    ("twelve times 4 equals 48", True), ("68 divided by 4 equals 17", True), ("48 divided by twelve equals 4", None),
+    ("12 * 6 = 72", None),
     # numbers from nowhere: true is unknown, false is wrong
     ("13 * 7 = 91", None), ("13 * 7 = 92", False),
     # list markers: a bullet is no minus, a numbered item's number no operand
@@ -80,7 +83,8 @@ def test_a_line_of_prose_has_its_worked_verdict(line, want):
     ("12 dozen + 5 = 17", None), ("60 minutes in the next five floors + 30 = 90", True),
     ("4 workers five times 2 equals 10", True),  # five times 2, not 4 times 2
     # words between an operator and its number; a capitalized label's word is none, an owner's name is
-    ("2 * the 68 apples = 136", True), ("Week 1 + Week 2 = 20 + 30 = 50", True), ("68 apples + Sam's 30 apples = 98", True),
+    ("2 * the 68 apples = 136", True), ("Week 1 + Week 2 = 20 + 30 = 50", True),
+    ("68 apples + Sam's 30 apples = 98", True),
     ("68 + Tim 20 + 30 = 50", None),  # the run before ended with +: 68 + ... is not 20 + 30
     # letters after numbers: units where they stand nowhere else; a glued L, and x, stay variables
     ("160 m + 20 m = 180 m", True), ("160g + 20g = 180g", True), ("2L + 30 = 68", None), ("68 - 30 = 38p", True),
