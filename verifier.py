@@ -161,6 +161,14 @@ Safety (bounded by construction)
     order: same input, same output in every process. ``TimedVerifier`` adds a hard wall-clock
     limit by scoring in a persistent spawned worker process that is killed and restarted on
     overrun.
+
+Step checkers (credit: steps)
+    A verdict per line of a response (True, False or None), by the same tokenizer, parser and
+    bounds: ``arithmetic`` reads a line that is ``expression = number`` and nothing else
+    (arithmetic_verdict); ``grounded`` reads the arithmetic statements inside lines of prose and
+    holds their inputs to the problem's numbers (grounded_verdicts). docs/verifier.md, "Step
+    checkers", says what each reads; ``TimedVerifier(step_checker=...).check_steps(lines, record,
+    problem)`` runs one in the worker.
 """
 
 from __future__ import annotations
@@ -2321,40 +2329,104 @@ def reward(response, gold):
 
 
 # ----------------------------------------------------------------------------------------------
-# hard wall-clock safety net
+# step checkers (credit: steps): a verdict per line of a response, True, False or None (unknown)
 # ----------------------------------------------------------------------------------------------
-# Checked steps (credit: steps): a verdict per line of a response, True, False or None (unknown)
 
 MAX_STEP_LINE_CHARS = 300  # a longer line is unknown at once: no number in it is read
-_ARITHMETIC = {"n", "+", "*", "neg", "/"}  # the nodes a checked line may hold: numbers, + - * / ( ), \\frac
+# A list marker at the start of a line: a markdown bullet (-, *, +, •) or a number with . or ) (1. 2)), each followed
+# by a space. Anchored at the start, each part bounded: linear.
+_LIST_MARKER_RE = re.compile(r"\s*(?:[-*+\u2022]|[0-9]{1,3}[.)])\s+")
+_FRACS = {"frac", "dfrac", "tfrac"}
 
 
-def check_arithmetic(lines, record=None):
-    """The built-in step checker: a verdict per line (arithmetic_verdict). record is unused (the user's checkers
-    get the data set's record, e.g. the problem's numbers)."""
+def check_arithmetic(lines, record=None, problem=""):
+    """The built-in step checker `arithmetic`: a verdict per line (arithmetic_verdict). record and problem are unused
+    (a user's checker gets the data set's record; `grounded` reads the problem's text)."""
     return [arithmetic_verdict(line) for line in lines]
 
 
 def arithmetic_verdict(line):
-    """A line that states `expression = number` (integers, decimals, fractions; + - * / and parentheses,
-    \\times, \\cdot, \\div, \\frac{a}{b}; $ or \\( \\) around it and a period after it are dropped) is True when
-    exact rational arithmetic agrees and False when it does not. Any other line (words, variables, no `=` or more
-    than one, a power, a root, a division by zero, more than MAX_STEP_LINE_CHARS characters) is None: unknown.
-    The answers' tokenizer and parser, with their bounds (MAX_TOKENS, MAX_NODES, MAX_DEPTH, MAX_LITERAL_DIGITS,
-    MAX_BITS): no text is run as code and no line can take long."""
+    """A line that states `expression = number` is True when exact rational arithmetic agrees and False when it does
+    not; any other line is None: unknown. Read as written, and nothing else:
+      * numbers: integers, decimals (``.5`` too) and repeating decimals (``0.\\overline{3}``), a sign before them;
+      * operators + - * / and \\times, \\cdot, \\div; round brackets, ``\\left( \\right)`` too; ``\\frac{a}{b}``
+        (``\\dfrac``, ``\\tfrac``) with both arguments in braces;
+      * the right side one number, or a fraction of two, as written (``1 + 1 = 1 + 1`` is unknown);
+      * dropped around it: a list marker at its start (a bullet ``-``, ``*``, ``+``, ``•`` or ``1.``, ``2)``, each
+        followed by a space: ``- 5 + 10 = 5`` is False, while ``-3 + 1 = -2`` keeps its minus), ``$ $``, ``\\( \\)``,
+        ``\\boxed{}`` and a period after it.
+    Unknown, since a model's arithmetic is not written so or its reading is in doubt: a number beside a number or a
+    bracket with no operator (``2(3) = 6``, ``6/2(3) = 1``, the mixed number ``3\\frac12``: products or not), square
+    brackets and bare braces (``{1+2}*3`` shows as 1+2*3), scientific notation (``2e+3`` may be 2e + 3), thousands
+    commas, powers, roots, words, variables, no `=` or more than one, a division by zero, and a line of more than
+    MAX_STEP_LINE_CHARS characters. The answers' tokenizer and parser, with their bounds (MAX_TOKENS, MAX_NODES,
+    MAX_DEPTH, MAX_LITERAL_DIGITS, MAX_BITS): no text is run as code and no line can take long."""
     if not isinstance(line, str) or len(line) > MAX_STEP_LINE_CHARS or _CTRL_RE.search(line):
         return None
-    sides = _strip_wrappers(line).split("=")  # $ $, \( \), a \boxed{} around it and a period after it dropped
+    marker = _LIST_MARKER_RE.match(line)
+    # $ $, \( \), a \boxed{} around it and a period after it dropped
+    sides = _strip_wrappers(line[marker.end():] if marker else line).split("=")
     if len(sides) != 2 or not all(side.strip() for side in sides):
         return None
     try:
-        left, right = (_parse(_tokenize(side)) for side in sides)
-        if not all(n[0] in _ARITHMETIC for n in _walk(left)) or not _a_number(right):
+        left, right = (_written_arithmetic(_tokenize(side)) for side in sides)
+        if left is None or right is None or not _a_number(right):
             return None
         a, b = _value(left, {}), _value(right, {})
     except (_Refuse, _Undefined, ArithmeticError, RecursionError, ValueError):
         return None
     return a == b if isinstance(a, Fraction) and isinstance(b, Fraction) else None
+
+
+def _written_arithmetic(toks):
+    """The tree of an expression written with numbers, + - * /, round brackets and \\frac{a}{b} only, an operator
+    between every two operands; else None. \\frac's braces become brackets, (a)/(b), and any other brace refuses."""
+    out, braces = [], []  # braces: for each open brace, what its close writes
+    expect_frac_arg = None  # after \frac (and after its numerator): the brace that must come next
+    for kind, val in toks:
+        if expect_frac_arg is not None:
+            if (kind, val) != ("op", "{"):
+                return None  # \frac12: the unbraced form is not read
+            out.append(("op", "("))
+            braces.append(expect_frac_arg)
+            expect_frac_arg = None
+        elif kind == "cmd" and val in _FRACS:
+            out.append(("op", "("))  # (  (a) / (b)  )
+            expect_frac_arg = "numerator"
+        elif (kind, val) == ("op", "}"):
+            if not braces:
+                return None
+            closing = braces.pop()
+            out.append(("op", ")"))
+            if closing == "numerator":
+                out.append(("op", "/"))
+                expect_frac_arg = "denominator"
+            else:
+                out.append(("op", ")"))
+        elif kind == "num" and val[2] is None or kind == "op" and val in "+-*/()":
+            out.append((kind, val))
+        else:
+            return None  # a word, a variable, another bracket or command, scientific notation
+    if braces or expect_frac_arg is not None or not _operator_between_operands(out):
+        return None
+    return _parse(out)
+
+
+def _operator_between_operands(toks):
+    """Every operand (a number or a bracket) follows an operator or an opening bracket, every binary operator an
+    operand, and the expression ends with an operand: no juxtaposition, nothing dangling. + and - may open a term."""
+    want_operand = True
+    for kind, val in toks:
+        if want_operand:
+            if kind == "num":
+                want_operand = False
+            elif val not in "(+-":
+                return False
+        elif kind == "num" or val == "(":
+            return False  # 2(3), (1)(2), 2 3: a product not written as one
+        elif val != ")":
+            want_operand = True
+    return not want_operand
 
 
 def _a_number(node):
@@ -2364,6 +2436,640 @@ def _a_number(node):
     if node[0] == "/":
         return node[1][0] == "n" and node[2][0] == "n"
     return node[0] == "n"
+
+
+# The built-in step checker `grounded`: the arithmetic statements inside a line of prose, judged by exact rationals
+# and held to the problem's numbers (GSM8K's worked solutions are its model: "Tim has 68-30 = 38 apples.").
+
+MAX_PROSE_LINE_CHARS = 400  # grounded: GSM8K train's longest reference line is 350 characters; a longer one is unknown
+MAX_PROBLEM_CHARS = 20000  # grounded: the problem's text read for its numbers (GSM8K's longest question: 985)
+MAX_UNIT_WORDS = 10  # words read as a unit between a number and its operator ("52 weeks in a year - 2 weeks")
+
+# The numbers a problem may state in words, each with the values it grounds (and that a line may write as digits).
+# The cardinals (one to ninety) are numbers in a line too ("48 times two equals 96"); the others only ground, and
+# "twenty-five" grounds 20, 5 and 25.
+_CARDINALS = {
+    "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
+    "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15, "sixteen": 16, "seventeen": 17,
+    "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
+    "eighty": 80, "ninety": 90,
+}
+NUMBER_WORDS = {
+    **{word: (value,) for word, value in _CARDINALS.items()}, "hundred": (100,), "thousand": (1000,),
+    "million": (1000000,),
+    "half": (2, Fraction(1, 2)), "twice": (2,), "double": (2,), "triple": (3,), "thrice": (3,), "dozen": (12,),
+    "percent": (100,), "quarter": (4, Fraction(1, 4)),
+}
+# Numbers a solution may use without the problem stating them, each a unit of measure or counting: 1 (the whole:
+# 1 - 1/4), 2 (halving, doubling, a pair), 4 (weeks a month, quarters a dollar), 7 (days a week), 10, 12 (months,
+# inches, a dozen), 24 (hours), 30 (days a month), 52 (weeks a year), 60 (minutes, seconds), 100 (percent, cents),
+# 365 (days a year), 1000 (grams, metres, a thousand).
+UNIT_CONSTANTS = (1, 2, 4, 7, 10, 12, 24, 30, 52, 60, 100, 365, 1000)
+
+_CURRENCY = "$\u20ac\u00a3\u00a2"  # $ € £ ¢: dropped, "$1,200" is the number 1200
+_MINUS = "-\u2212\u2013"  # -, the minus sign, the en dash
+_TIMES = "*\u00d7\u00b7"  # *, ×, ·
+_PROSE_OPS = {"\u00f7": "/", "/": "/", "+": "+", "(": "(", ")": ")"}
+_LATEX_OPS = {"times": "*", "cdot": "*", "ast": "*", "div": "/"}
+# LaTeX commands that write nothing of their own (spacing, sizing, a box, text around a word): skipped, their braces
+# too; \$ is the sign, \% a percent after a number.
+_LATEX_SILENT = _TEXT_CMDS | _TRANSPARENT_CMDS | {"boxed", "fbox", ",", ";", ":", "!", " ", "quad", "qquad", "(",
+                                                  ")", "[", "]", "$"}
+_SPACE_GROUP_END = frozenset("0123456789-abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# Operators written as words, between two operands: "48 times two equals 96", "70 divided by 7".
+_WORD_OPS = {"plus": "+", "minus": "-", "times": "*", "equals": "=", "divided": "/", "multiplied": "*"}
+# Words that start a clause: part of a unit only before the = ("$74 - $23 that he spent = $51"), never before an
+# operator ("X = 9 because - 18/-2 = 9" holds no "9 because - 18"), nor between an operator and its number.
+_CLAUSE_WORDS = frozenset(
+    "because so then thus therefore hence since which that who is are was were be been will would could has have "
+    "had but or if when while he she it they we you i".split())
+# Single letters read as a unit right after a number (400 m, 2000 L; glued: 130g, $280k) in a line where the letter
+# stands nowhere else: "m + 55" makes m a variable in its line.
+_UNIT_LETTERS = frozenset("mgLk")
+_GLUED_UNIT_LETTERS = frozenset("gk")  # 130g, $280k; 10m and 2L stay variables (10m - 7 = 93 is algebra)
+_ORDINAL_ENDS = ("st", "nd", "rd", "th")
+
+
+def check_grounded(lines, record=None, problem=""):
+    """The built-in step checker `grounded`: a verdict per line (grounded_verdicts). record is unused."""
+    return grounded_verdicts(lines, problem)
+
+
+def grounded_verdicts(lines, problem=""):
+    """A verdict per line: every arithmetic statement inside a line of prose (``Tim has 68-30 = 38 apples.``,
+    ``$50/hour * 8 hours = $400``, ``4 * 60 / 5 = 4 * 12 = 48``) judged by exact rationals. A line is False when a
+    statement in it is false, True when every statement in it is true and grounded and none is in doubt, and None
+    (unknown) otherwise: no statement, one in doubt (a variable, an operand outside it, a running total), or a true
+    one whose inputs come from nowhere. docs/verifier.md, "Step checkers", says how a statement is read.
+
+    Grounded: each number of a statement's first side (the computation's inputs) is a number of the problem's text
+    (as written there; see _problem_numbers), a side of a true grounded statement earlier in the response (an earlier
+    line, or earlier in this line), or one of UNIT_CONSTANTS; a later side's numbers may also come from the earlier
+    sides of its chain (one of their numbers, or two combined by + - * /: 12 in ``4 * 60 / 5 = 4 * 12 = 48``). A
+    last side that is one number is the result and needs no grounding. So true arithmetic on numbers from nowhere
+    (``13 * 7 = 91`` in a problem without 13 and 7) is unknown, and only a true grounded statement's results ground
+    later ones.
+
+    Bounded: a line over MAX_PROSE_LINE_CHARS characters is None at once, the problem is read up to
+    MAX_PROBLEM_CHARS characters, each side goes through the answers' tokenizer and parser with their bounds, and
+    every scan is linear in the line."""
+    pool = _problem_numbers(problem)
+    out = []
+    for line in lines:
+        verdict, results = _grounded_line(line, pool)
+        out.append(verdict)
+        pool |= results
+    return out
+
+
+def _grounded_line(line, pool):
+    """(verdict, the values this line grounds for the lines after it)."""
+    if not isinstance(line, str) or len(line) > MAX_PROSE_LINE_CHARS or _CTRL_RE.search(line):
+        return None, set()
+    verdict, results, local = True, set(), set(pool)
+    try:
+        statements = _statements(_prose_tokens(line, skip_marker=True))
+        for sides in statements:
+            judged = _judge(sides, local) if sides is not None else None
+            if judged is False:
+                return False, set()
+            if judged is None:
+                verdict = None
+            else:  # a true grounded statement's sides ground the statements after it
+                results |= judged
+                local |= judged
+    except (_Refuse, _Undefined, ArithmeticError, RecursionError, ValueError):
+        return None, set()
+    return (verdict if statements else None), results
+
+
+def _judge(sides, pool):
+    """A statement's sides (each a list of tokens): False when two adjacent sides differ; the values of its sides
+    when all are equal and its inputs grounded; None when it cannot be read, is true but not grounded, or a link is in
+    doubt: a running total (``5 * 60 = 300 + 58 = 358``: the next side starts with the one before), a decimal that
+    rounds the value (``600 / 270 = 2.22``), two lone numbers (``100 cents = $1``: a unit changed), percents that
+    hold only read as their numbers (``$7500/75% = $100``). A lone result may be written as a percent of a value
+    computed in hundredths (``100 - 5 = 95%``) or in cents of one computed in dollars (``$2.50 - $2.24 = 26 cents``)."""
+    values = _side_values(sides, hundredths=True)
+    if values is None:
+        return None
+    doubt = False
+    for k in range(len(sides) - 1):
+        a, b, nxt = values[k], values[k + 1], sides[k + 1]
+        result = _lone_number(nxt)
+        if a == b or k + 1 == len(sides) - 1 and result and a in result[2]:
+            continue
+        if _quantity(nxt) and _quantity(sides[k]) or result and _rounds_to(a, result) \
+                or nxt[0][0] == "num" and nxt[0][1] == a and not result:
+            doubt = True
+            continue
+        as_numbers = _side_values(sides, hundredths=False) if any(_is_percent(t) for s in sides for t in s) else None
+        if as_numbers and (as_numbers[k] == as_numbers[k + 1] or result and _rounds_to(as_numbers[k], result, True)):
+            doubt = True  # 1/3 * 100% = 33.333%: true only with its percents read as their numbers
+            continue
+        return False
+    if doubt:
+        return None
+    known = set(pool)
+    for k, side in enumerate(sides):
+        if k == len(sides) - 1 and k > 0 and _lone_number(side):
+            break  # the result
+        for tok in side:
+            if tok[0] == "num" and not (_grounded_number(tok, known) or k and _combined(tok[1], sides[:k])):
+                return None
+    return set(values)
+
+
+def _side_values(sides, hundredths):
+    """Each side's exact value (percents as hundredths, or as the numbers written), or None if one is not read."""
+    values = []
+    for side in sides:
+        text = " ".join((f"({t[2][0]})" if not hundredths and _is_percent(t) else _number_text(t)) if t[0] == "num"
+                        else t[1] for t in side)
+        tree = _written_arithmetic(_tokenize(text))
+        value = _value(tree, {}) if tree is not None else None
+        if not isinstance(value, Fraction):
+            return None
+        values.append(value)
+    return values
+
+
+def _number_text(tok):
+    """A number token as the parser reads it: its digits (a percent, fraction or mixed number in brackets), or the
+    value of a number word."""
+    return str(tok[1]) if tok[4].isalpha() else tok[4]
+
+
+def _chain_holds(values):
+    return all(a == b for a, b in zip(values, values[1:]))
+
+
+def _rounds_to(value, tok, as_written=False):
+    """Whether a number written with decimals (2.22; 33.333%) is value rounded to its places (either way at a tie);
+    as_written: a percent by its number."""
+    digits = tok[4][1:-5] if _is_percent(tok) else tok[4]
+    places = len(digits.partition(".")[2]) if digits.replace(".", "").isdigit() else 0
+    written = tok[2][0] if as_written and _is_percent(tok) else tok[1]
+    return places > 0 and abs(value - written) * 2 * 10 ** places <= 1
+
+
+def _grounded_number(tok, known):
+    """A number is grounded by its value, another reading of it (a percent's number, cents as dollars), or all of its
+    parts (a fraction 2/5: 2 and 5; a mixed number 1 1/2: 1, 1 and 2)."""
+    return tok[1] in known or any(v in known for v in tok[2]) or bool(tok[5]) and all(v in known for v in tok[5])
+
+
+def _combined(value, sides):
+    """Whether value is a number of the earlier sides of its chain, or two of them combined by + - * /."""
+    nums = [tok[1] for side in sides for tok in side if tok[0] == "num"][:32]
+    if value in nums:
+        return True
+    for i, a in enumerate(nums):
+        for b in nums[i + 1:]:
+            if value in (a + b, a - b, b - a, a * b) or b and value == a / b or a and value == b / a:
+                return True
+    return False
+
+
+def _quantity(side):
+    """A side that is one number stated as a quantity, not computed: a whole or decimal number, a mixed number, or a
+    fraction with a word after it (1/2 a cup); 40/160 alone is a division."""
+    tok = _lone_number(side)
+    return tok is not None and (len(tok[5]) != 2 or tok[6])
+
+
+def _lone_number(side):
+    """The number token of a side that is one number, in brackets or not; else None."""
+    inner = [t for t in side if t[:2] not in (("op", "("), ("op", ")"))]
+    return inner[0] if len(inner) == 1 and inner[0][0] == "num" else None
+
+
+def _problem_numbers(problem):
+    """The values the problem's text grounds, with UNIT_CONSTANTS: each number as written ("$1,200", "2.5", the
+    cardinal words of NUMBER_WORDS too); for a percent p (20%, 20 percent) p, p/100, 1 + p/100, 1 - p/100, 100 + p and
+    100 - p (a 20% rise is x 1.2, a 20% discount x 0.8 or 80%); for n cents n/100 (dollars); a fraction a/b and a
+    mixed number w a/b, and each of their numbers; the other NUMBER_WORDS' values."""
+    pool = {Fraction(c) for c in UNIT_CONSTANTS}
+    text = problem[:MAX_PROBLEM_CHARS] if isinstance(problem, str) else ""
+    toks = _prose_tokens(text, refuse=False)
+    for k, tok in enumerate(toks):
+        if tok[0] == "num":
+            pool |= {tok[1], *tok[2], *tok[5]}  # its value, other readings (cents as dollars), a fraction's parts
+            if _is_percent(tok):
+                p = tok[2][0]
+                pool |= {1 + p / 100, 1 - p / 100, 100 + p, 100 - p}
+        elif tok[0] == "unit" and isinstance(tok[1], Fraction):
+            pool.add(tok[1])  # a number word read inside a unit (the first two groups)
+        elif tok[0] in ("word", "unit") and isinstance(tok[1], str):
+            parts = tok[1].split("-")
+            for part in parts:
+                pool |= {Fraction(v) for v in NUMBER_WORDS.get(part, ())}
+            if len(parts) == 2 and _CARDINALS.get(parts[0], 0) in range(20, 100, 10) and parts[1] in _CARDINALS:
+                pool.add(Fraction(_CARDINALS[parts[0]] + _CARDINALS[parts[1]]))
+    return pool
+
+
+def _prose_tokens(text, skip_marker=False, refuse=True):
+    """A line of prose as tokens (kind, value, as_written, space_before, text): kinds num (value a Fraction, a percent
+    applied; as_written the number before that; text the digits for the parser), op (+ - * / ( )), eq, word (lower
+    case), var (a single letter other than a, A, I; an unknown LaTeX command), brk (anything else), and unit (a word
+    or per-slash read as a unit: _mark_units). Currency signs are dropped; ×, ÷, the minus sign, the en dash and
+    LaTeX's \\times \\cdot \\div are operators; \\frac{a}{b} is (a)/(b); other braces and spacing, sizing and text
+    commands are silent. skip_marker: a list marker at the start is dropped. A number of more than
+    MAX_LITERAL_DIGITS digits refuses (refuse=False: it is skipped). One pass: linear."""
+    toks = []
+    i, n = 0, len(text)
+    marker = _LIST_MARKER_RE.match(text) if skip_marker else None
+    if marker:
+        i = marker.end()
+    space, braces, frac_arg = True, [], None  # braces: what each open brace's close writes
+    while i < n:
+        c = text[i]
+        if c.isspace():
+            space, i = True, i + 1
+            continue
+        if frac_arg is not None and c != "{":
+            toks.append(("var", "\\frac", None, space, "\\frac"))  # \frac12: the unbraced form is not read
+            frac_arg = None
+        if c in _CURRENCY:
+            i += 1
+            continue
+        if "0" <= c <= "9" or c == "." and i + 1 < n and "0" <= text[i + 1] <= "9":
+            i = _prose_number(text, i, toks, space, refuse)
+        elif c.isalpha():
+            j = i + 1
+            while j < n and (text[j].isalpha() or text[j] in "\u00b2\u00b3"
+                             or text[j] in "'\u2019-&" and j + 1 < n and text[j + 1].isalpha()):
+                j += 1
+            if j < n and text[j] in "'\u2019" and text[j - 1] == "s":
+                j += 1  # couples' rooms
+            word = text[i:j]
+            if word.lower() in _CARDINALS:
+                value = Fraction(_CARDINALS[word.lower()])
+                toks.append(("num", value, (), space, word, ()))  # the parser reads str(value): _number_text
+            elif len(word) == 1 and (word not in "aAI" or not space and toks and toks[-1][0] == "num"):
+                toks.append(("var", word, None, space, word))  # x; 3A, 2L: a letter against a number too
+            else:
+                toks.append(("word", word.lower(), None, space, word))
+            i = j
+        elif c == "\\":
+            m = _CMD_RE.match(text, i + 1)
+            name = m.group() if m else text[i + 1:i + 2]
+            i += 1 + len(name)
+            if name in _LATEX_OPS:
+                toks.append(("op", _LATEX_OPS[name], None, space, name))
+            elif name in _FRACS:
+                toks.append(("op", "(", None, space, name))
+                frac_arg = "numerator"
+            elif name == "%" and toks and toks[-1][0] == "num" and not space:
+                _percent(toks)
+            elif name not in _LATEX_SILENT:
+                toks.append(("var" if m else "brk", name, None, space, name))
+        elif c == "{":
+            braces.append(frac_arg or "")
+            if frac_arg:
+                toks.append(("op", "(", None, space, c))
+            frac_arg = None
+            i += 1
+        elif c == "}":
+            close = braces.pop() if braces else None
+            if close == "numerator":
+                toks += [("op", ")", None, space, c), ("op", "/", None, False, c)]
+                frac_arg = "denominator"
+            elif close == "denominator":
+                toks += [("op", ")", None, space, c), ("op", ")", None, False, c)]
+            elif close is None:
+                toks.append(("brk", c, None, space, c))
+            i += 1
+        elif c == "=":
+            toks.append(("eq", c, None, space, c))
+            i += 2 if text.startswith("==", i) else 1
+        elif c == "*" and text.startswith("**", i):
+            toks.append(("brk", "**", None, space, "**"))  # markdown's bold (or Python's power): no operator
+            i += 2
+        elif c in _MINUS:
+            hyphen = c == "-" and not space and toks and i + 1 < n and text[i + 1].isalpha()
+            toks.append(("brk" if hyphen else "op", "-", None, space, c))  # 3-day is no subtraction
+            i += 1
+        elif c in _TIMES or c in _PROSE_OPS:
+            toks.append(("op", "*" if c in _TIMES else _PROSE_OPS[c], None, space, c))
+            i += 1
+        else:
+            toks.append(("brk", c, None, space, c))
+            i += 1
+        space = False
+    toks = _merge_numbers(toks)
+    _mark_units(toks)
+    return toks
+
+
+def _prose_number(text, i, toks, space, refuse):
+    """Reads the number at i into toks and returns the index after it: thousands groups of three digits after a first
+    group of one to three (not starting with 0), by commas or single spaces (a space group is followed by no letter
+    or hyphen: "12 200-kilobyte" is two numbers); a decimal part; a percent after it (%, \\%, the word percent)."""
+    n = len(text)
+    j = i
+    while j < n and "0" <= text[j] <= "9":
+        j += 1
+    digits = text[i:j]
+    if 1 <= len(digits) <= 3 and digits[0] != "0":
+        for sep, end in ((",", "0123456789"), (" ", _SPACE_GROUP_END)):
+            k = j
+            while (k + 4 <= n and text[k] == sep and text[k + 1:k + 4].isdigit()
+                   and (k + 4 == n or text[k + 4] not in end) and len(digits) <= MAX_LITERAL_DIGITS):
+                digits += text[k + 1:k + 4]
+                k += 4
+            if k > j:
+                j = k
+                break
+    if j + 1 < n and text[j] == "." and "0" <= text[j + 1] <= "9":
+        k = j + 1
+        while k < n and "0" <= text[k] <= "9":
+            k += 1
+        digits += text[j:k]
+        j = k
+    if len(digits) > MAX_LITERAL_DIGITS:
+        if refuse:
+            raise _Refuse
+        toks.append(("brk", "digits", None, space, ""))
+        return j
+    whole = digits.partition(".")[0]
+    if j + 1 < n and text[j] == ":" and "0" <= text[j + 1] <= "9" or len(whole) > 1 and whole[0] == "0" \
+            or text.startswith("...", j) or text.startswith("\u2026", j):
+        while j < n and (text[j] in "0123456789:." or text[j] == "\u2026"):
+            j += 1
+        toks.append(("var", "~", None, space, "~"))  # a time (7:50), a code (0730), a value cut short (10.33...)
+        return j
+    value = _num_value((digits, None, None))
+    if text[j:j + 2] in _ORDINAL_ENDS and not text[j + 2:j + 3].isalpha():
+        toks.append(("ord", value, (), space, digits, ()))  # 1st, 13th: a word, but a result after = (5 + 8 = 13th)
+        return j + 2
+    toks.append(("num", value, (), space, digits, ()))
+    k = j + 1 if text.startswith(" ", j) else j
+    if text.startswith("\\%", j):
+        _percent(toks)
+        return j + 2
+    if text.startswith("%", k):
+        _percent(toks)
+        return k + 1
+    if text.startswith("percent", k) and not text[k + 7:k + 8].isalpha():
+        _percent(toks)
+        return k + 7
+    return j
+
+
+def _percent(toks):
+    """The last number is a percent: its value a hundredth of it, its other reading the number itself."""
+    kind, value, _, space, digits, parts = toks[-1]
+    toks[-1] = (kind, value / 100, (value,), space, f"({digits}/100)", parts)
+
+
+def _is_percent(tok):
+    return tok[0] == "num" and bool(tok[2]) and tok[4].endswith("/100)")
+
+
+def _merge_numbers(toks):
+    """One number token for a mixed number (1 1/2, 5 and 2/3: w + a/b) and for a proper fraction written tight
+    (1/2, not 1 / 2 nor 1/2/3 nor 48/2), which binds before the operators around it: 50/ 1/2 is 50 / (1/2) = 100,
+    as its spacing says. n cents gets the reading n/100 (dollars) too."""
+    out = []
+    n, k = len(toks), 0
+    while k < n:
+        tok = toks[k]
+        if _tight_fraction(toks, k):
+            a, b = toks[k], toks[k + 2]
+            whole = None
+            if out and out[-1][0] == "num" and out[-1][1].denominator == 1 and not out[-1][2] and a[3]:
+                whole = out.pop()
+            elif len(out) > 1 and out[-1][:2] == ("word", "and") and out[-2][0] == "num" \
+                    and out[-2][1].denominator == 1 and not out[-2][2]:
+                out.pop()
+                whole = out.pop()
+            if whole is None:
+                out.append(("num", a[1] / b[1], (), a[3], f"({a[4]}/{b[4]})", (a[1], b[1])))
+            else:
+                out.append(("num", whole[1] + a[1] / b[1], (), whole[3], f"({whole[4]}+{a[4]}/{b[4]})",
+                            (whole[1], a[1], b[1])))
+            k += 3
+            continue
+        if tok[0] == "word" and tok[1] in ("cents", "cent") and out and out[-1][0] == "num" and not out[-1][2]:
+            last = out[-1]
+            out[-1] = last[:2] + ((last[1] / 100,),) + last[3:]
+        out.append(tok)
+        k += 1
+    return out
+
+
+def _tight_fraction(toks, k):
+    """Whether toks[k:k + 3] is a proper fraction written tight: two whole numbers, the first the smaller, a /
+    between, no space, and no / glued on either side."""
+    if k + 2 >= len(toks) or toks[k][0] != "num" or toks[k + 1][:2] != ("op", "/") or toks[k + 2][0] != "num":
+        return False
+    a, slash, b = toks[k:k + 3]
+    if slash[3] or b[3] or a[2] or b[2] or not a[4].isdigit() or not b[4].isdigit() or not 0 < a[1] < b[1]:
+        return False  # 48/2 = 24 stays a division
+    before = toks[k - 1] if k else None
+    after = toks[k + 3] if k + 3 < len(toks) else None
+    per = k + 4 < len(toks) and toks[k + 4][0] in ("word", "var") and not toks[k + 4][3]  # 1/12/day: a per-slash
+    return not (before and before[:2] == ("op", "/") and not a[3]
+                or after and after[:2] == ("op", "/") and not after[3] and not per)
+
+
+def _word_op(toks, j):
+    """(operator, tokens it takes) when toks[j] is an operator written as a word (plus, minus, times, equals, divided
+    by, multiplied by) with an operand after it; else None."""
+    tok = toks[j]
+    if tok[0] != "word" or tok[1] not in _WORD_OPS:
+        return None
+    size = 2 if tok[1] in ("divided", "multiplied") else 1
+    if size == 2 and not (j + 1 < len(toks) and toks[j + 1][:2] == ("word", "by")):
+        return None
+    return (_WORD_OPS[tok[1]], size) if _operand_at(toks, j + size) else None
+
+
+def _operand_at(toks, j):
+    return j < len(toks) and (toks[j][0] == "num" or toks[j][:2] == ("op", "("))
+
+
+def _mark_units(toks):
+    """Words read as units become kind unit (the statements skip them):
+      * a per-slash with the word after it ($50/hour, 4 tickets/ride, 1000 ml/L);
+      * a letter right after a number, in a line where it stands nowhere else: one of _UNIT_LETTERS (400 m, 130g),
+        or any but x at the end of a run (= 4m, = 4582 L of water);
+      * the words between a number and the operator, = or ) after it (20 sheep + 160 sheep, 5 lemon sours* 32,
+        3 lbs. coffee * 40, 8 friends + 1 (Samuel) + 1 (Cathy)): up to MAX_UNIT_WORDS, a bracket of words only among
+        them, a clause word only before an = ($74 - $23 that he spent = $51), a number in words only before =, + or -
+        (25 minutes in the next five floors + 80; but two weeks seven times 2 is 14), a number word not before + or -
+        (6 dozen * 12 eggs/dozen, but 2 dozen + 5 is 29);
+      * up to 3 words between an operator and its number (2 * the 10 marbles, + Cynthia's 8 gallons), neither clause
+        nor number words nor capitalized but for an owner's name (Week 1 + Week 2: a label's word).
+    An x or X between a number (or its unit) and an operand is a times sign (0.2 x 50, $300/month x 12 months), and
+    so are the operators written as words there (48 times two equals 96). Each token is looked at a bounded number
+    of times (a unit's scan is bounded): linear."""
+    n = len(toks)
+    for k, tok in enumerate(toks):  # whether a word follows the number (5 hours, 1/2 a cup): a quantity, see _quantity
+        if tok[0] in ("num", "ord"):
+            toks[k] = tok + (k + 1 < n and toks[k + 1][0] == "word",)
+    for k in range(n - 1):
+        after = toks[k + 1]
+        if toks[k][:2] == ("op", "/") and (after[0] == "word" or after[0] == "var" and not after[3] and not toks[k][3]
+                                           and k and toks[k - 1][0] in ("word", "unit")):
+            toks[k], toks[k + 1] = ("unit",) + toks[k][1:], ("unit",) + after[1:]
+        elif toks[k][:2] == ("op", ")") and after[:2] in (("var", "x"), ("var", "X")) and _operand_at(toks, k + 2):
+            toks[k + 1] = ("op", "*") + after[2:]  # (24/12) x $4
+    after_numbers = {}  # each letter: whether it stands only right after numbers in this line
+    for k, tok in enumerate(toks):
+        if tok[0] == "var":
+            after_numbers[tok[1]] = after_numbers.get(tok[1], True) and k > 0 and toks[k - 1][0] == "num"
+    for k, tok in enumerate(toks):
+        if tok[0] == "var" and after_numbers.get(tok[1]):
+            last = k + 1 == n or toks[k + 1][0] not in ("num", "op", "eq", "var")
+            if tok[1] in _UNIT_LETTERS and (tok[3] or tok[1] in _GLUED_UNIT_LETTERS) or last and tok[1] not in "xX":
+                toks[k] = ("word",) + tok[1:]
+    k = 0
+    while k < n:
+        if toks[k][0] != "num":
+            k += 1
+            continue
+        j, words, clause, spoken, number_word, steps = k + 1, 0, False, False, False, 0
+        while j < n and steps < 4 * MAX_UNIT_WORDS:
+            tok, steps = toks[j], steps + 1
+            if tok[0] == "unit" or tok[:2] == ("brk", ".") and not tok[3] and toks[j - 1][0] in ("word", "unit"):
+                j += 1  # a per-slash; an abbreviation's period (lbs.)
+            elif (tok[0] in ("word", "ord") or tok[0] == "num" and tok[4].isalpha()) and words < MAX_UNIT_WORDS \
+                    and not _word_op(toks, j):
+                clause = clause or tok[1] in _CLAUSE_WORDS
+                spoken = spoken or tok[0] == "num"
+                number_word = number_word or tok[1] in NUMBER_WORDS
+                j, words = j + 1, words + 1
+            elif tok[:2] == ("op", "(") and words < MAX_UNIT_WORDS:
+                m = j + 1
+                while m < n and m - j <= MAX_UNIT_WORDS and toks[m][0] == "word":
+                    m += 1
+                if m == j + 1 or m >= n or toks[m][:2] != ("op", ")"):
+                    break
+                j, words = m + 1, words + 1
+            else:
+                break
+        if j >= n:
+            break
+        end, word_op = toks[j], _word_op(toks, j)
+        times = end[:2] in (("var", "x"), ("var", "X")) and _operand_at(toks, j + 1)
+        equals = end[0] == "eq" or word_op and word_op[0] == "="
+        adds = end[0] == "op" and end[1] in "+-" or word_op and word_op[0] in "+-"
+        if (times or word_op or equals or end[0] == "op" and end[1] != "(") and (equals or not clause) \
+                and not (number_word and adds) and (equals or not spoken or end[0] == "op" and end[1] in "+-"):
+            for m in range(k + 1, j):
+                toks[m] = ("unit",) + toks[m][1:]
+            if times:
+                toks[j] = ("op", "*") + end[2:]
+            elif word_op:
+                toks[j] = ("eq" if word_op[0] == "=" else "op", word_op[0]) + end[2:]
+                if word_op[1] == 2:
+                    toks[j + 1] = ("unit",) + toks[j + 1][1:]
+            k = j
+        else:
+            k += 1  # not a unit: the next number (a number word among these words) starts its own
+    for k in range(n - 1):
+        if toks[k][0] == "op" and toks[k][1] in "+-*/":
+            m = k + 1
+            while m < n and m - k <= 3 and toks[m][0] == "word" and toks[m][1] not in _CLAUSE_WORDS \
+                    and toks[m][1] not in NUMBER_WORDS and not _word_op(toks, m) \
+                    and not (toks[m][4][0].isupper() and toks[m][4][-2:] not in ("'s", "\u2019s")):
+                m += 1
+            if k + 1 < m < n and toks[m][0] == "num":
+                for w in range(k + 1, m):
+                    toks[w] = ("unit",) + toks[w][1:]
+
+
+def _statements(toks):
+    """The statements of a line: each run of numbers, operators, = and variables (units skipped) that holds an =
+    gives its sides (lists of tokens), or None when it is in doubt (_statement). A number right after a number ends a
+    run ("24000/6=4000 6 megabyte pictures"); "= =" is one =; an ordinal right after = is the result (5 + 8 = 13th
+    floor). A run that comes after one ending with an operator, words between and no clause word ("7 adults + Shonda
+    (1) + 2 = 10"), has its left operand outside it: in doubt unless its first side is a label."""
+    out, run, dangling = [], [], False
+    for tok in toks + [("brk", "", None, True, "")]:
+        if tok[0] == "unit":
+            continue
+        if tok[0] == "ord" and run and run[-1][0] == "eq":
+            run.append(("num",) + tok[1:])  # 5 + 8 = 13th floor: the ordinal is the result, and ends the run
+        if tok[0] == "num" and run and run[-1][0] == "num" or tok[0] not in ("num", "op", "eq", "var"):
+            if any(t[0] == "eq" for t in run):
+                sides = _statement(run, dangling)
+                if sides != ():
+                    out.append(sides)
+            ends_with_operator = bool(run) and run[-1][0] == "op" and run[-1][1] in "+-*/"
+            dangling = (dangling and not run or ends_with_operator) and tok[0] == "word" \
+                and tok[1] not in _CLAUSE_WORDS
+            run = []
+            if tok[0] != "num":
+                continue
+        if not (tok[0] == "eq" and run and run[-1][0] == "eq"):
+            run.append(tok)
+    return out
+
+
+def _statement(run, dangling=False):
+    """A run's sides; None when in doubt: a variable or an unknown command in it, an empty side, an operator whose
+    left operand is outside the run (Tim's age - 5 = 10; D+5 = 23; dangling: the run before it ended with an
+    operator). Dropped: a first side that is empty, one variable or one number, a label (the total = ..., x = 60/2 =
+    30, 14 hours = 14 * 60 = 840 minutes); a bracket opened before the run or closed after it. A number glued to a
+    bracket is a product (22(2), 40(.50)) in a side that does not divide (6/2(3) stays unread). () when it is no
+    statement: one side left."""
+    sides = [[]]
+    for tok in run:
+        if tok[0] == "eq":
+            sides.append([])
+        else:
+            sides[-1].append(tok)
+    label = not sides[0] or len(sides[0]) == 1 and sides[0][0][0] == "var"
+    if label:
+        sides = sides[1:]
+    if len(sides) < 2:
+        return ()
+    if not all(sides) or any(tok[0] == "var" for side in sides for tok in side):
+        return None
+    head = sides[0][0]
+    if head[0] == "op" and (head[1] in "+*/)" or head[1] == "-" and len(sides[0]) > 1 and sides[0][1][3]):
+        return None
+    depth = sum((t[1] == "(") - (t[1] == ")") for t in sides[0] if t[0] == "op")
+    while depth > 0 and sides[0][0][:2] == ("op", "("):
+        sides[0], depth = sides[0][1:], depth - 1
+    depth = sum((t[1] == "(") - (t[1] == ")") for t in sides[-1] if t[0] == "op")
+    while depth < 0 and sides[-1][-1][:2] == ("op", ")"):
+        sides[-1], depth = sides[-1][:-1], depth + 1
+    if not all(sides):
+        return None
+    if _quantity(sides[0]):
+        sides, label = sides[1:], True
+        if len(sides) < 2:
+            return ()
+    if dangling and not label:
+        return None
+    return [_glued_products(side) for side in sides]
+
+
+def _glued_products(side):
+    """A side with a times sign between a number or ) and a ( glued to it (22(2) + 7(2)), unless it divides."""
+    if any(t[:2] == ("op", "/") for t in side):
+        return side
+    out = []
+    for tok in side:
+        if out and tok[:2] == ("op", "(") and not tok[3] and (out[-1][0] == "num" or out[-1][:2] == ("op", ")")):
+            out.append(("op", "*", None, False, "*"))
+        out.append(tok)
+    return out
+
+
+def _side_tree(side):
+    """A side's tree through the answers' tokenizer and parser (their bounds), or None when it is not arithmetic."""
+    return _written_arithmetic(_tokenize(" ".join(t[4] if t[0] == "num" else t[1] for t in side)))
+
+
+# The built-in step checkers by their config name, called as name(lines, record, problem=problem's text); a user's
+# checker is called as name(lines, record).
+STEP_CHECKERS = {"arithmetic": check_arithmetic, "grounded": check_grounded}
 
 
 def load_step_checker(path, name):
@@ -2378,12 +3084,22 @@ def step_verdicts(value, n):
         raise TypeError(f"it returned {type(value).__name__}, not a list of verdicts")
     if len(value) != n:
         raise ValueError(f"it returned {len(value)} verdicts for {n} lines")
+    value = [bool(v) if _numpy_bool(v) else v for v in value]
     bad = next((v for v in value if v is not None and not isinstance(v, bool)), None)
-    if bad is not None:
+    if bad is not None:  # an int (1, 0) is no verdict: a count or an index returned by mistake would pass as one
         raise TypeError(f"it returned {type(bad).__name__} {str(bad)[:40]!r} as a verdict, not True, False or None")
-    return list(value)
+    return value
 
 
+def _numpy_bool(v):
+    """numpy's boolean scalar (numpy.bool_, whose type numpy 2 names 'bool'), told without importing numpy: a checker
+    that compares numpy arrays returns these, and they are booleans."""
+    return type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_")
+
+
+# ----------------------------------------------------------------------------------------------
+# hard wall-clock safety net
+# ----------------------------------------------------------------------------------------------
 def load_reward_function(path, name):
     """The function ``name`` of the Python file ``path`` (a user's own reward, run in the worker only),
     checked to take (response, answer, record). Raises with a one-line reason."""
@@ -2403,14 +3119,22 @@ def _load_user_function(path, name, example, call, module_name):
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    fn = getattr(module, name, None)
-    if not callable(fn):
+    if not hasattr(module, name):
         raise AttributeError(f"{path} has no function {name!r}")
+    fn = getattr(module, name)
+    if not callable(fn):
+        raise TypeError(f"{path}: {name!r} is {_a_type(fn)}, not a function")
     try:
         inspect.signature(fn).bind(*example)
     except (TypeError, ValueError):
         raise TypeError(f"{name}{inspect.signature(fn)} cannot be called as {name}{call}") from None
     return fn
+
+
+def _a_type(value):
+    """'an int', 'a str': the type of a value with its article."""
+    kind = type(value).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 
 def reward_value(value):
@@ -2434,14 +3158,17 @@ def _worker_main(conn, score_fn, reward_function=None, step_checker=None):
         conn.send(("ready", None))
     except Exception:
         return
-    user, checker = None, check_arithmetic if step_checker == "arithmetic" else None
+    user, checker = None, STEP_CHECKERS.get(step_checker) if isinstance(step_checker, str) else None
     if _user_files(reward_function, step_checker):  # loaded once, within the parent's time limit ("loaded")
         which = None
         try:
+            # which file is loading is set before its load, so a failure is blamed on its own file
             if reward_function is not None:
-                which, user = "reward_function", load_reward_function(*reward_function)
+                which = "reward_function"
+                user = load_reward_function(*reward_function)
             if isinstance(step_checker, tuple):
-                which, checker = "step_checker", load_step_checker(*step_checker)
+                which = "step_checker"
+                checker = load_step_checker(*step_checker)
             conn.send(("loaded", None))
         except BaseException as exc:
             try:
@@ -2458,7 +3185,13 @@ def _worker_main(conn, score_fn, reward_function=None, step_checker=None):
             return
         try:
             if isinstance(msg, dict):  # a response's lines for the step checker (check_steps)
-                out = step_verdicts(checker(msg["lines"], msg["record"]), len(msg["lines"]))
+                # the checker gets a copy, so one that appends to its lines is still held to the lines sent
+                lines = msg["lines"]
+                if isinstance(step_checker, str):  # a built-in reads the problem's text too
+                    out = checker(list(lines), msg["record"], problem=msg["problem"])
+                else:
+                    out = checker(list(lines), msg["record"])
+                out = step_verdicts(out, len(lines))
             else:
                 out = score_fn(msg[0], msg[1])
                 if len(msg) > 2:  # with a record: the user's reward function too, within the same time limit
@@ -2517,8 +3250,10 @@ class TimedVerifier:
     The file is imported when the worker starts, within timeout_s too: an import that raises, hangs or
     exits makes the start raise RewardFunctionError (one line), and a score() that had to start one a crash.
 
-    ``step_checker``: "arithmetic" (check_arithmetic) or (path, name) of a user's step checker, loaded in the worker
-    as a reward function is; ``check_steps(lines, record)`` returns its verdicts under the same time limit."""
+    ``step_checker``: a built-in, "arithmetic" (check_arithmetic) or "grounded" (check_grounded), or (path, name) of a
+    user's step checker, loaded in the worker as a reward function is; ``check_steps(lines, record, problem)`` returns
+    its verdicts under the same time limit (a built-in is called with the problem's text too, a user's checker as
+    name(lines, record))."""
 
     def __init__(self, timeout_s: float = 2.0, score_fn=score, startup_timeout_s: float = 120.0,
                  reward_function: tuple[str, str] | None = None, step_checker: str | tuple[str, str] | None = None):
@@ -2621,12 +3356,14 @@ class TimedVerifier:
                 return "crash", None
             return "ok", out
 
-    def check_steps(self, lines, record=None):
+    def check_steps(self, lines, record=None, problem=""):
         """The step checker's verdicts for a response's lines (True, False or None each): (verdicts, "ok"), or
         (None, "timeout" / "crash") with last_error, counted like the verifier's: a hang, an exception, a result
-        that is not a list of len(lines) verdicts."""
+        that is not a list of len(lines) verdicts. problem: the problem's text, which a built-in checker reads
+        (grounded: the numbers a line may use); a user's checker gets lines and record only."""
         lines = [line if isinstance(line, str) else str(line) for line in lines]
-        status, out = self._request({"lines": lines, "record": record})
+        problem = problem if isinstance(problem, str) else ""
+        status, out = self._request({"lines": lines, "record": record, "problem": problem})
         return (out, "ok") if status == "ok" else (None, status)
 
     def score(self, response, gold, record=None):

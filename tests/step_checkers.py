@@ -27,3 +27,26 @@ def fails_on_3(lines, record):
     if "3" in record["problem"]:
         raise ValueError("three")
     return [True] * len(lines)
+
+
+def appends(lines, record):
+    """A verdict per line it was given (its length), then a line of its own appended to the list: the worker still
+    holds it to the lines it sent."""
+    verdicts = [len(line) % 2 == 0 for line in lines]
+    lines.append("a line of its own")
+    return verdicts
+
+
+def numpy_verdicts(lines, record):
+    """numpy's booleans (numpy.bool_), as a checker that compares arrays returns them: 1 + 1 = 2 right, else wrong."""
+    import numpy
+
+    return list(numpy.array([line == "1 + 1 = 2" for line in lines]))
+
+
+not_a_function = 3  # a name that exists but cannot be called
+
+
+def sees_the_problem_only(lines, record):
+    """Right when its record holds the problem alone (the agreement script's record: never the reference solution)."""
+    return [set(record) == {"question"} and "Tim" in record["question"]] * len(lines)

@@ -211,6 +211,36 @@ def test_the_arithmetic_checker_reads_a_line_as_exact_rational_arithmetic(line, 
 
 
 @pytest.mark.parametrize("line, verdict", [
+    ("2(3) = 6", None),                           # a number beside a bracket: a product not written as one
+    ("6/2(3) = 9", None), ("6/2(3) = 1", None),   # and so never read either way
+    ("(1)(2) = 2", None), ("3 \\frac{1}{2} = 3.5", None),  # brackets side by side; a mixed number
+    ("1e3 = 1000", None), ("2e+3 = 2003", None),  # scientific notation: 2e+3 may be 2e + 3
+    ("[1 + 2] = 3", None), ("{1+2}*3 = 9", None),  # square brackets; bare braces (LaTeX shows 1+2*3)
+    ("\\frac12 = 0.5", None),                      # \frac without its braces
+    ("\\left(1+2\\right)\\times 3 = 9", True),     # \left( \right) are round brackets
+    ("\\frac{\\frac{1}{2}}{2} = 0.25", True),
+    ("0.\\overline{3} = 1/3", True),               # a repeating decimal is a number, exactly
+    ("- 23 + 4 = 27", True), ("- 5 + 10 = 5", False), ("* 23 + 4 = 27", True),  # markdown bullets
+    ("1. 23 + 4 = 27", True), ("2) 5 + 5 = 10", True), ("  \u2022 2 + 2 = 5", False),  # numbered items
+    ("-3 + 1 = -2", True), ("- 3 + 1 = -2", False),  # a minus against its number is a sign, a spaced one a bullet
+    ("3 = (1 + 2)/1", None),                      # the right side is a number as written
+    ("2^3 + 1 = 9", None), ("1 + 2^3 = 9", None),  # every part of the left side is checked
+    ("1/3 = 0.33333333333333331", False),         # exact: as floats the two are equal
+])
+def test_the_arithmetic_checker_reads_these_lines_as_its_page_says(line, verdict):
+    assert verifier.arithmetic_verdict(line) is verdict
+
+
+def test_the_arithmetic_checker_reads_lines_of_up_to_300_characters():
+    """A 300-character sum of 74 ones is right; the same with 5 spaces more (305 characters) is unknown."""
+    line = " + ".join(["1"] * 74) + "   = 74"
+    assert len(line) == 300 and verifier.arithmetic_verdict(line) is True
+    longer = line.replace("   = ", "        = ")
+    assert len(longer) == 305 and verifier.arithmetic_verdict(longer) is None
+    assert float(verifier.Fraction(1, 3)) == float("0.33333333333333331")  # why the exact comparison matters
+
+
+@pytest.mark.parametrize("line, verdict", [
     ("9" * 1_000_000 + " = 1", None),                   # a million-digit number: over the line's size, at once
     ("2**2**2**30 = 1", None),                          # a tower: ** is no operator here
     ("(" * 100 + "1" + ")" * 100 + " = 1", None),       # nesting past the parser's depth
@@ -394,6 +424,51 @@ def test_the_chain_checker_checks_the_running_sum_and_reads_a_markdown_bullet():
         True, True, True, None]
     assert sum_steps.chain(["  -  23 + 4 = 27", "- 27 + 7 = 35"], problem) == [True, False]
     assert sum_steps.chain(["-23 + 4 = 27", "1. 27 + 7 = 34"], problem) == [False, False]
+
+
+def test_a_step_checker_whose_import_raises_is_blamed_on_its_own_file(tmp_path):
+    """With a reward function that loads and a step checker whose import raises, the start names the step checker
+    (the worker says which file was loading, set before each load)."""
+    rewards, broken = tmp_path / "rewards.py", tmp_path / "broken.py"
+    rewards.write_text("def score(response, answer, record):\n    return 1.0\n")
+    broken.write_text("raise ValueError('the checker cannot load')\n")
+    scorer = verifier.TimedVerifier(timeout_s=10.0, reward_function=(str(rewards), "score"),
+                                    step_checker=(str(broken), "check"))
+    with pytest.raises(verifier.RewardFunctionError) as caught:
+        scorer.__enter__()
+    assert caught.value.which == "step_checker" and str(caught.value) == "ValueError: the checker cannot load"
+    scorer.close()
+
+
+def test_a_checker_is_held_to_the_lines_it_was_sent_and_numpy_booleans_are_verdicts():
+    """appends adds a line to its list after its verdicts: 2 verdicts for the 2 lines sent, not a refusal for 3.
+    numpy_verdicts returns numpy.bool_ (its type prints as bool): Python's True and False come back."""
+    with verifier.TimedVerifier(timeout_s=10.0, step_checker=(str(CHECKERS), "appends")) as scorer:
+        assert scorer.check_steps(["ab", "abc"], {}) == ([True, False], "ok")
+    with verifier.TimedVerifier(timeout_s=10.0, step_checker=(str(CHECKERS), "numpy_verdicts")) as scorer:
+        verdicts, status = scorer.check_steps(["1 + 1 = 2", "1 + 1 = 3"], {})
+        assert (verdicts, status) == ([True, False], "ok") and [type(v) for v in verdicts] == [bool, bool]
+
+
+def test_step_verdicts_takes_numpy_booleans_and_refuses_ints():
+    numpy = pytest.importorskip("numpy")
+    got = verifier.step_verdicts([numpy.True_, numpy.False_, None], 3)
+    assert got == [True, False, None] and [type(v) for v in got[:2]] == [bool, bool]
+    with pytest.raises(TypeError) as caught:
+        verifier.step_verdicts([1, 0], 2)
+    assert str(caught.value) == "it returned int '1' as a verdict, not True, False or None"
+    with pytest.raises(TypeError) as caught:
+        verifier.step_verdicts([True, numpy.int64(0)], 2)
+    assert str(caught.value) == "it returned int64 '0' as a verdict, not True, False or None"
+
+
+def test_a_name_that_is_no_function_is_said_apart_from_a_missing_one():
+    with pytest.raises(TypeError) as caught:
+        verifier.load_step_checker(str(CHECKERS), "not_a_function")
+    assert str(caught.value) == f"{CHECKERS}: 'not_a_function' is an int, not a function"
+    with pytest.raises(AttributeError) as caught:
+        verifier.load_step_checker(str(CHECKERS), "absent")
+    assert str(caught.value) == f"{CHECKERS} has no function 'absent'"
 
 
 def test_the_line_figures_of_a_step_with_two_groups():
