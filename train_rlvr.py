@@ -121,7 +121,7 @@ class Config:
     tree_branching: str = "2,2,2"  # tree: the branches at each level, whose product is group_size
     tree_weighting: str = "leaf"  # tree: leaf (every leaf trains its whole path: unbiased) or once (a node once)
     top_entropy_quantile: float = 1.0  # TRL's: the policy term only on the group's highest-entropy tokens (1: all)
-    step_checker: str = "arithmetic"  # steps: arithmetic (built in) or path/to/file.py:name, called as name(lines, record)
+    step_checker: str = "arithmetic"  # steps: arithmetic or grounded (built in), or path/to/file.py:name (name(lines, record))
     step_weight: float = 1.0  # steps: line k's tokens add step_weight x its standardized verdict (step_mode add)
     step_mode: str = "add"  # steps: add (standardized verdicts added to A_i) or first_error (VPPO's verified prefix)
     token_report: bool = False
@@ -1272,10 +1272,10 @@ def step_checks(cfg: Config) -> list[tuple[str, bool, str]]:
 def checker_checks(cfg: Config) -> list[tuple[str, bool, str]]:
     """credit=steps' settings, in validate_config's (key, ok, what it must be) form."""
     path, _, name = cfg.step_checker.rpartition(":")
-    user = cfg.step_checker != "arithmetic"
+    user = cfg.step_checker not in verifier.STEP_CHECKERS
     return [("step_checker", not user or (path.endswith(".py") and name.isidentifier()),
-             "arithmetic (built in) or path/to/file.py:function_name (called as name(lines, record) -> a verdict per "
-             "line: True, False or None)"),
+             f"{' or '.join(verifier.STEP_CHECKERS)} (built in) or path/to/file.py:function_name (called as "
+             "name(lines, record) -> a verdict per line: True, False or None)"),
             ("step_checker", not user or cfg.credit != "steps" or Path(path).expanduser().is_file(),
              f"an existing file: {path} is not one"),
             ("step_weight", math.isfinite(cfg.step_weight) and 0 <= cfg.step_weight <= 1e6,
@@ -2450,7 +2450,7 @@ def checked_lines(step: int, responses: list[torch.Tensor], group: Group, proble
             check_stop(local=True)  # between two calls, as the rewards' scoring
             lines = group.texts[i].split("\n")
             finished = lines[:-1] if group.cut[i] else lines
-            verdicts, status = t.scorer.check_steps(finished, problem.get("record") or {})
+            verdicts, status = t.scorer.check_steps(finished, problem.get("record") or {}, problem["problem"])
             if verdicts is None:
                 failed += 1
                 warn_once(t, "step checker failed", f"warning: step {step}: step_checker {t.cfg.step_checker} "
@@ -2697,7 +2697,8 @@ def try_reward_function(scorer: verifier.TimedVerifier, problem: dict, cfg: Conf
 
 
 def step_checker_spec(cfg: Config) -> str | tuple[str, str] | None:
-    """credit=steps' step checker for the verifier's worker: "arithmetic", or a user's (absolute path, name)."""
+    """credit=steps' step checker for the verifier's worker: a built-in's name (arithmetic, grounded), or a user's
+    (absolute path, name)."""
     if cfg.credit != "steps":
         return None
     return user_function(cfg.step_checker)
@@ -2709,7 +2710,7 @@ def try_step_checker(scorer: verifier.TimedVerifier, problem: dict, cfg: Config)
     if cfg.credit != "steps":
         return
     verdicts, status = scorer.check_steps(["1 + 1 = 2", f"So the answer is \\boxed{{{problem['answer']}}}."],
-                                          problem.get("record") or {})
+                                          problem.get("record") or {}, problem["problem"])
     if verdicts is None:
         why = (f"did not return within verifier_timeout {cfg.verifier_timeout:g} s" if status == "timeout"
                else f"failed: {scorer.last_error}")

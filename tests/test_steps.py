@@ -71,21 +71,22 @@ def test_an_all_wrong_group_that_differs_at_line_2_has_a_gradient_on_line_2_alon
     line2 = {"<7>": True, "<8><9>": False, "<8>": False}
     checks = []
 
-    def check_steps(lines, record):
-        checks.append((lines, record))
+    def check_steps(lines, record, problem=""):
+        checks.append((lines, record, problem))
         return [True, True, line2[lines[2]]], "ok"
     t = SimpleNamespace(cfg=T.Config(group_size=4, credit="steps"), tokenizer=tok, device=torch.device("cpu"),
                         scorer=SimpleNamespace(check_steps=check_steps), warned=set())
     r = torch.zeros(4)
     group = T.Group(texts, [T.Score(0.0, None, "wrong")] * 4, [len(x) for x in responses], [False] * 4, r, True)
     adv = T.compute_advantages(r, EPS, zero_variance=True)
-    got = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1", "record": {"id": 3}}, t)
+    got = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"problem": "What is 3?", "answer": "1",
+                                                                                 "record": {"id": 3}}, t)
     z = 0.5 / (math.sqrt(1 / 3) + EPS)
     assert round(z, 5) == 0.86588
     assert got.token_advantages == [pytest.approx(x, abs=1e-6) for x in (
         [0, 0, 0, 0, z, z], [0, 0, 0, 0, -z, -z, -z], [0, 0, 0, 0, z, z], [0, 0, 0, 0, -z, -z])]
     assert got.verdicts == [[True, True, True], [True, True, False]] * 2 and not got.all_zero()
-    assert got.segments[1] == [0, 2, 4] and checks[0] == (["<5>", "<6>", "<7>"], {"id": 3})
+    assert got.segments[1] == [0, 2, 4] and checks[0] == (["<5>", "<6>", "<7>"], {"id": 3}, "What is 3?")
 
 
 def _char_group(texts, cut, rewards, check):
@@ -95,7 +96,7 @@ def _char_group(texts, cut, rewards, check):
     responses = [torch.tensor([ord(c) for c in x] + ([] if c else [0])) for x, c in zip(texts, cut)]
     calls = []
 
-    def check_steps(lines, record):
+    def check_steps(lines, record, problem=""):
         calls.append(list(lines))
         return check(lines), "ok"
     t = SimpleNamespace(cfg=T.Config(group_size=len(texts), credit="steps"), tokenizer=tok, device=torch.device("cpu"),
@@ -104,7 +105,7 @@ def _char_group(texts, cut, rewards, check):
     group = T.Group(texts, [T.Score(float(x), None, "correct" if x else "wrong") for x in rewards],
                     [len(x) for x in responses], cut, r, T.equal_rewards(r))
     adv = T.compute_advantages(r, EPS, zero_variance=group.zero_variance)
-    return (1, torch.tensor([1]), responses, group, adv, {"answer": "39", "record": {}}, t), calls
+    return (1, torch.tensor([1]), responses, group, adv, {"problem": "23 + 4 + 7", "answer": "39", "record": {}}, t), calls
 
 
 def test_a_last_line_cut_at_max_new_tokens_is_unknown_and_moves_no_other_term():
@@ -545,3 +546,44 @@ def test_the_lines_column_is_on_a_steps_first_epoch_row_alone():
              lines_right=3, lines_wrong=1, lines_unknown=2, epochs=[dict(e, epoch=1), dict(e, epoch=2)])
     first, second = T.format_row(m, ["epoch", "clipped", "lines r/w/?"]).splitlines()
     assert first.split()[-2:] == ["3/1/2", "1.5"] and second.split()[-3:] == ["1.000e-02", "2", "0.000"]
+
+
+def test_a_grounded_steps_run_trains_an_all_wrong_group_on_its_right_line_only(tiny_model_dir, tmp_path, monkeypatch):
+    """step_checker grounded through a run on the tiny model, its sampler scripted: four responses to "Tom has 12
+    apples and buys 30 more", every answer wrong (rewards 0: the spec's credit has no gradient). Line 0 is "12 + 30 =
+    42" (right, grounded) in response 0 and "= 43" (wrong) in the others: z = +0.75 / (0.5 + 1e-4) = +1.4997 and
+    -0.25 / (0.5 + 1e-4) = -0.4999 on line 0's tokens; the boxed line and a farmed "13 * 7 = 91" (right arithmetic, numbers from nowhere) are
+    unknown and get 0. So the group's gradient is its lines' alone, and no token of a later line moves."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    data = tmp_path / "tom.json"
+    data.write_text(json.dumps([{"problem": "Tom has 12 apples and buys 30 more. How many apples does he have?",
+                                 "answer": "42"}]))
+    texts = ["He has 12 + 30 = 42 apples.\nSo the answer is \\boxed{41}.",
+             "He has 12 + 30 = 43 apples.\nSo the answer is \\boxed{43}.",
+             "He has 12 + 30 = 43 apples.\nSo the answer is \\boxed{43}.",
+             "He has 12 + 30 = 43 apples.\nThen 13 * 7 = 91.\nSo the answer is \\boxed{43}."]
+    script = [tok(x, add_special_tokens=False)["input_ids"] + [0] for x in texts]
+    at = {"t": 0}
+    real = T.sample_next_token
+
+    def scripted(logits, temperature, top_p, u):
+        real(logits, temperature, top_p, u)
+        at["t"] += 1
+        return torch.tensor([r[at["t"] - 1] if at["t"] <= len(r) else 0 for r in script])
+    monkeypatch.setattr(T, "sample_next_token", scripted)
+    out = tmp_path / "out"
+    assert T.main(main_args(tiny_model_dir, data, out, "num_problems=1", "max_new_tokens=80", "learning_rate=1e-3",
+                            "credit=steps", "step_checker=grounded")) == 0
+    (m,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["response"] for r in rollouts] == texts and m["reward_std"] == 0 and m["grad_norm"] > 0
+    assert [r["line_verdicts"] for r in rollouts] == [[True, None], [False, None], [False, None],
+                                                      [False, None, None]]
+    right, wrong = 0.75 / (0.5 + EPS), -0.25 / (0.5 + EPS)
+    assert (round(right, 4), round(wrong, 4)) == (1.4997, -0.4999)
+    for r, z in zip(rollouts, (right, wrong, wrong, wrong)):
+        first = r["segments"][1]  # line 0's tokens (its closing newline among them), then the later lines'
+        assert r["token_advantages"][:first] == [pytest.approx(z, abs=1e-5)] * first
+        assert set(r["token_advantages"][first:]) == {0.0}
+    assert (m["lines_right"], m["lines_wrong"], m["lines_unknown"]) == (1, 3, 5)
