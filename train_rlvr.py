@@ -679,54 +679,6 @@ def batch_token_log_probs(model, prompt_ids: torch.Tensor, responses: list[torch
     return [gathered_log_probs(logits[i, :len(r)], r) for i, r in enumerate(responses)]
 
 
-@dataclass
-class SharedPrompt:
-    """prompt_pass: shared. The prompt's forward, run once for a group: its keys and values at every layer and the
-    logits of its last position (outputs, with their graph), and float32 leaf copies of them (leaves) that each
-    response's forward reads, so that each response's backward stops there, adding its share to the leaves'
-    gradients. backward() then runs once through the prompt with the sums. The same gradient as the spec's
-    forward over prompt + response per response (attention over the same keys; the sums in another order)."""
-    outputs: list[torch.Tensor]
-    leaves: list[torch.Tensor]
-
-    def token_log_probs(self, model, responses: list[torch.Tensor], amp) -> list[torch.Tensor]:
-        """token_log_probs of each response after the shared prompt, in one forward: row i is response_i[:-1],
-        padded on the right (every pad after the row's real tokens: causal attention never lets a real position
-        see one), after the prompt's keys and values; its first token's log-probability is from the prompt's last
-        logits."""
-        from transformers import DynamicCache
-        *kv, last = self.leaves
-        longest = max(len(r) for r in responses)
-        rest = None
-        if longest > 1:
-            cache, dtypes = DynamicCache(config=model.config), [t.dtype for t in self.outputs]
-            for k in range(0, len(kv), 2):
-                cache.update(*(kv[k + j].to(dtypes[k + j]).expand(len(responses), -1, -1, -1) for j in (0, 1)), k // 2)
-            ids = responses[0].new_zeros(len(responses), longest - 1)
-            for i, r in enumerate(responses):
-                ids[i, :len(r) - 1] = r[:-1]
-            with amp:
-                rest = model(ids, **{cache_arg(model): cache}, use_cache=True).logits
-        return [gathered_log_probs(torch.cat([last.to(self.outputs[-1].dtype)[None], rest[i, :len(r) - 1]])
-                                   if len(r) > 1 else last[None], r) for i, r in enumerate(responses)]
-
-    def backward(self) -> None:
-        pairs = [(o, leaf.grad.to(o.dtype)) for o, leaf in zip(self.outputs, self.leaves) if leaf.grad is not None]
-        if pairs:
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-
-
-def shared_prompt(model, prompt_ids: torch.Tensor, amp) -> SharedPrompt:
-    """The prompt's forward for prompt_pass: shared (under torch.no_grad, as for the KL's frozen reference, the
-    leaves are plain copies)."""
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
-    with amp:
-        last = model(prompt_ids[None], **{cache_arg(model): cache}, use_cache=True, logits_to_keep=1).logits[0, -1]
-    outputs = [t for layer in cache.layers for t in (layer.keys, layer.values)] + [last]
-    return SharedPrompt(outputs, [t.detach().float().requires_grad_(torch.is_grad_enabled()) for t in outputs])
-
-
 def gathered_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] in float32: the gathered logit minus logsumexp (no full log-softmax tensor)."""
     logits = logits.float()
@@ -2427,6 +2379,57 @@ def compiled_tolerance(scale: float, bf16: bool) -> float:
     weights 7.9e-3. Allowed: float32 1e-5, bf16 1/16 (8 bf16 ulps); a real fault (a step without its
     context, a stale weight copy) moves logits by a sizeable part of their range."""
     return (0.0625 if bf16 else 1e-5) * max(scale, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The prompt read once in the log-probability pass (prompt_pass: shared)
+
+@dataclass
+class SharedPrompt:
+    """prompt_pass: shared. The prompt's forward, run once for a group: its keys and values at every layer and the
+    logits of its last position (outputs, with their graph), and float32 leaf copies of them (leaves) that each
+    response's forward reads, so that each response's backward stops there, adding its share to the leaves'
+    gradients. backward() then runs once through the prompt with the sums. The same gradient as the spec's
+    forward over prompt + response per response (attention over the same keys; the sums in another order)."""
+    outputs: list[torch.Tensor]
+    leaves: list[torch.Tensor]
+
+    def token_log_probs(self, model, responses: list[torch.Tensor], amp) -> list[torch.Tensor]:
+        """token_log_probs of each response after the shared prompt, in one forward: row i is response_i[:-1],
+        padded on the right (every pad after the row's real tokens: causal attention never lets a real position
+        see one), after the prompt's keys and values; its first token's log-probability is from the prompt's last
+        logits."""
+        from transformers import DynamicCache
+        *kv, last = self.leaves
+        longest = max(len(r) for r in responses)
+        rest = None
+        if longest > 1:
+            cache, dtypes = DynamicCache(config=model.config), [t.dtype for t in self.outputs]
+            for k in range(0, len(kv), 2):
+                cache.update(*(kv[k + j].to(dtypes[k + j]).expand(len(responses), -1, -1, -1) for j in (0, 1)), k // 2)
+            ids = responses[0].new_zeros(len(responses), longest - 1)
+            for i, r in enumerate(responses):
+                ids[i, :len(r) - 1] = r[:-1]
+            with amp:
+                rest = model(ids, **{cache_arg(model): cache}, use_cache=True).logits
+        return [gathered_log_probs(torch.cat([last.to(self.outputs[-1].dtype)[None], rest[i, :len(r) - 1]])
+                                   if len(r) > 1 else last[None], r) for i, r in enumerate(responses)]
+
+    def backward(self) -> None:
+        pairs = [(o, leaf.grad.to(o.dtype)) for o, leaf in zip(self.outputs, self.leaves) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+
+def shared_prompt(model, prompt_ids: torch.Tensor, amp) -> SharedPrompt:
+    """The prompt's forward for prompt_pass: shared (under torch.no_grad, as for the KL's frozen reference, the
+    leaves are plain copies)."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    with amp:
+        last = model(prompt_ids[None], **{cache_arg(model): cache}, use_cache=True, logits_to_keep=1).logits[0, -1]
+    outputs = [t for layer in cache.layers for t in (layer.keys, layer.values)] + [last]
+    return SharedPrompt(outputs, [t.detach().float().requires_grad_(torch.is_grad_enabled()) for t in outputs])
 
 
 # ----------------------------------------------------------------------------------------------

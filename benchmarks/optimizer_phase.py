@@ -1,10 +1,11 @@
 """rlvr's optimizer phase against AdamW's own cost, side by side on SmolLM2-135M-Instruct (issue 67).
 
-    python benchmarks/optimizer_phase.py [--model runs/smollm2] [--steps 8] [--json out.json]
+    python benchmarks/optimizer_phase.py [--model runs/smollm2] [--steps 15] [--json out.json] [--trainer FOLDER]
 
 Needs the real-model demo's folder (python examples/make_smollm2.py runs/smollm2). Two copies of the model in one
 process, each with a torch.optim.AdamW at the demo's settings (lr 3e-6, weight decay 0.01) and the same random
-gradient (scaled to a norm of 10, so that clipping acts) before every step:
+gradient (scaled to a norm of 10, so that clipping acts) copied into its gradient buffers before every step (a run
+reuses them from step to step):
 
 - rlvr: train_rlvr.optimizer_step, the trainer's whole phase (clip_grad_norm_, the copy of the weights the update
   norm and the undo read, the copy of AdamW's state for the undo, AdamW's step, the finiteness check, the update
@@ -13,7 +14,9 @@ gradient (scaled to a norm of 10, so that clipping acts) before every step:
 
 The two alternate step by step (rlvr, bare, rlvr, bare, ...) so that a slower stretch of the machine touches both;
 the first step of each (AdamW allocating its moments) is left out. Prints each one's median and the ratio, the CPU
-and the threads; --json writes them. Time it alone on the cores: a process beside it makes both slower, unevenly.
+and the threads; --json writes them. --trainer FOLDER times the train_rlvr.py of another checkout (an earlier
+commit's optimizer_step, which took the weights' and the state's buffers as two arguments). Time it alone on the
+cores: a process beside it makes both slower, unevenly.
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import train_rlvr as T  # noqa: E402
 
 
 def cpu_name() -> str:
@@ -55,16 +56,23 @@ def load(model_dir: Path):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="runs/smollm2", type=Path)
-    ap.add_argument("--steps", type=int, default=8, help="timed steps of each (after one untimed)")
+    ap.add_argument("--steps", type=int, default=15, help="timed steps of each (after one untimed)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--trainer", type=Path, default=ROOT, help="the folder of the train_rlvr.py to time")
     args = ap.parse_args(argv)
     if args.steps < 1:
         print("error: --steps must be 1 or more", file=sys.stderr)
         return 2
+    if not (args.trainer / "train_rlvr.py").is_file():
+        print(f"error: --trainer {args.trainer} holds no train_rlvr.py; pass a checkout's folder", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(args.trainer.resolve()))
+    import train_rlvr as T
     models = {name: load(args.model) for name in ("rlvr", "bare")}
     params = {k: [p for p in m.parameters() if p.requires_grad] for k, m in models.items()}
     optimizers = {k: torch.optim.AdamW(ps, lr=3e-6, weight_decay=0.01) for k, ps in params.items()}
-    copies = T.StepCopies(T.update_norm_buffers(params["rlvr"], torch.device("cpu")))
+    before = T.update_norm_buffers(params["rlvr"], torch.device("cpu"))
+    buffers = (T.StepCopies(before),) if hasattr(T, "StepCopies") else (before, {})  # an earlier commit's: two
     g = torch.Generator().manual_seed(0)
     times = {"rlvr": [], "bare": []}
     norms = []
@@ -73,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         scale = 10.0 / float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads])))
         for name in ("rlvr", "bare"):
             for p, x in zip(params[name], grads):
-                p.grad = x * scale
+                if p.grad is None:
+                    p.grad = torch.empty_like(p)
+                p.grad.copy_(x).mul_(scale)
             start = time.perf_counter()
             if name == "rlvr":
-                norms.append(T.optimizer_step(params[name], optimizers[name], 1.0, 0.0, copies))
+                norms.append(T.optimizer_step(params[name], optimizers[name], 1.0, 0.0, *buffers))
             else:
                 torch.nn.utils.clip_grad_norm_(params[name], 1.0)
                 optimizers[name].step()
@@ -85,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     same = all(torch.equal(a, b) for a, b in zip(params["rlvr"], params["bare"]))
     med = {k: statistics.median(v) for k, v in times.items()}
     report = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "trainer": str(args.trainer),
               "parameters": sum(p.numel() for p in params["rlvr"]), "steps": args.steps,
               "seconds": times, "median_seconds": med, "ratio": med["rlvr"] / med["bare"],
               "grad_norm": norms[-1][0], "update_norm": norms[-1][1], "same_weights": same}

@@ -265,8 +265,8 @@ def test_the_sum_modes_say_a_gsm8k_run_is_not_read(tmp_path, monkeypatch, capsys
     (model / "sum3-dev.json").write_text(json.dumps(sums))
     for name, text in (("gsm8k-steps_grounded-seed0", "She has 1 + 2 = 3 now."),
                        ("sum3-sequence-seed0", "23 + 4 = 27\n27 + 7 = 34")):
-        record = {"step": 1, "problem_index": 0, "reward": 0.0, "advantage": 0.0, "cut_at_limit": True, "tokens": 1,
-                  "response": text, "phase": "after"}
+        record = {"step": 1, "problem_index": 0, "rollout": 0, "reward": 0.0, "advantage": 0.0, "cut_at_limit": True,
+                  "tokens": 1, "response": text, "phase": "after"}
         (out / name).mkdir(parents=True)
         (out / name / "rollouts.jsonl").write_text(json.dumps(record) + "\n")
         (out / name / "eval.jsonl").write_text(json.dumps(record) + "\n")

@@ -277,7 +277,7 @@ def test_a_step_checker_that_cannot_serve_is_one_line_before_step_1(name, why, t
 
 
 @pytest.mark.parametrize("setting, message", [
-    ("step_checker=checker.py", "config key 'step_checker' must be arithmetic (built in) or "
+    ("step_checker=checker.py", "config key 'step_checker' must be arithmetic or grounded (built in) or "
                                 "path/to/file.py:function_name"),
     ("step_checker=/no/such/file.py:check", "config key 'step_checker' must be an existing file: /no/such/file.py is "
                                             "not one"),
