@@ -680,8 +680,6 @@ def _lines_cells(r):
     lines = r.get("lines")
     if not lines:
         return "- | -"
-    # the committed records' runs are P = 1: a step is a group (their figures were named by the step)
-    lines = {k.replace("_steps", "_groups").replace("wrong_with", "wrong_groups_with"): v for k, v in lines.items()}
     return (f"{lines['all_wrong_groups_with_gradient']}/{lines['all_wrong_groups']} | "
             f"{lines['first']['distinct_per_group']:.1f} -> {lines['last']['distinct_per_group']:.1f}")
 
