@@ -199,53 +199,49 @@ class Trainer:
     decoders: Decoders = dataclasses.field(default_factory=lambda: Decoders())
     warned: set = dataclasses.field(default_factory=set)  # the warnings said once a run (warn_once)
     scheduler: object = None  # lr_schedule or warmup_steps: transformers' LambdaLR over the optimizer (lr_scheduler)
+    credit_method: credit.Sequence = dataclasses.field(default_factory=credit.Sequence)  # chosen once (credit.method)
 
 
 def sample_groups(step: int, draws: list[tuple[int, dict, torch.Tensor]], t: Trainer) -> list[tuple]:
     """This rank's rollouts of each (draw, problem, prompt ids)'s group (rank_share; one process: all of them), every group of
     the step in one batched decode, each rollout drawn from its own random stream (keyed by the draw: the problem's
     place in the data, 1-based), so its tokens depend neither on the number of processes nor on the problems
-    beside it in the batch. Per problem: the responses, whether each was cut at max_new_tokens, with credit=tree
-    the whole group's Tree (else None), and with top_entropy_quantile < 1 each response token's entropy, from
-    the sampler's own logits (else None)."""
+    beside it in the batch. A credit method that samples the group itself (credit=tree: credit_method.grow) grows
+    it instead. Per problem: the responses, whether each was cut at max_new_tokens, the tree (else None), and with
+    the entropy mask each response token's entropy, from the sampler's own logits (else None)."""
     mine, G = rank_share(t.cfg.group_size), t.cfg.group_size
     prompts = [ids for _, _, ids in draws]
     progress(f"[step {step}] generating {G} rollouts (problem {draws[0][1]['index']})" if len(draws) == 1 else
              f"[step {step}] generating {len(draws)} x {G} rollouts (problems "
              f"{', '.join(str(p['index']) for _, p, _ in draws)})")
-    entropies = [] if t.cfg.top_entropy_quantile < 1 else None
+    entropies = [] if t.credit_method.needs_entropies else None
     with agreed("generation", step, rollouts=len(mine) * len(draws), prompt_tokens=max(map(len, prompts)),
-                cfg=t.cfg), full_weights(t.model):
-        amp = autocast(t.device, t.precision)
-        if t.cfg.credit == "tree":  # every rank grows the whole tree (its prefixes are shared); rank 0's is used
-            draw, _, prompt_ids = draws[0]  # one problem a step (validate_config)
-            tree = from_rank0(generate_tree(t.model, t.tokenizer, prompt_ids, t.cfg, t.eos_id, draw, amp,
-                                            entropies is not None))
-            warn_tree_copies(step, tree, t)
+                cfg=t.cfg):
+        draw, problem, prompt_ids = draws[0]
+        tree = t.credit_method.grow(prompt_ids, draw, credit_tools(step, prompt_ids, problem, draw, t))
+        if tree is not None:  # every rank grows the whole tree (its prefixes are shared); rank 0's is used
+            tree = from_rank0(tree)
             leaves = [prompt_ids.new_tensor(tree.leaves[i]) for i in mine]
             return [(leaves, [tree.cut[i] for i in mine], tree, tree.entropies and [tree.entropies[i] for i in mine])]
         streams = [g for draw, _, _ in draws for g in rollout_streams(t.cfg.seed, draw, mine, t.device)]
         rows = [ids for ids in prompts for _ in mine]  # one object per prompt: its rows share its prompt pass
-        responses, cut = generate_rollouts(t.model, rows, t.cfg, t.eos_id, streams, amp, t.decoders, entropies)
+        with full_weights(t.model):
+            responses, cut = generate_rollouts(t.model, rows, t.cfg, t.eos_id, streams, autocast(t.device, t.precision),
+                                               t.decoders, entropies)
         n = len(mine)
         return [(responses[k * n:(k + 1) * n], cut[k * n:(k + 1) * n], None,
                  None if entropies is None else entropies[k * n:(k + 1) * n]) for k in range(len(draws))]
 
 
-@torch.no_grad()
 def generate_rollouts(model, prompt_ids: torch.Tensor | list[torch.Tensor], cfg: Config, eos_id: int,
                       streams: list[torch.Generator], amp, decoders: Decoders | None = None, entropies: list | None = None
                       ) -> tuple[list[torch.Tensor], list[bool]]:
-    """One rollout per random stream, in one batched decode loop with a KV cache: all of one prompt, or with a list
-    row i of prompt_ids[i] (several problems' groups). Sampling comes from cfg alone (no transformers defaults or
-    generation_config leak in). A response is its tokens up to and including the first EOS (none if cut at
-    max_new_tokens). Eager, or with `compile` the StaticDecoder of `decoders` (the same logits in float32).
-    entropies: a list that receives each response token's entropy (decode)."""
+    """One rollout per random stream (sample with the rollouts' rule): all of one prompt, or with a list row i of
+    prompt_ids[i] (several problems' groups). A response is its tokens up to and including the first EOS (none if
+    cut at max_new_tokens). entropies: a list that receives each response token's entropy (decode)."""
     prompts = prompt_ids if isinstance(prompt_ids, list) else [prompt_ids] * len(streams)
-    pick = sampling_pick(streams, cfg.temperature, cfg.top_p, prompts[0].device)
-    with weight_cast_cache(amp, prompts[0].device.type):
-        return compiled_or_eager(model, prompts, cfg.max_new_tokens, eos_id, pick, amp, cfg, streams, "rollouts",
-                                 decoders=decoders, entropies=entropies)
+    return sample(model, prompts, cfg.max_new_tokens, eos_id, amp, cfg, streams, (cfg.temperature, cfg.top_p),
+                  use="rollouts", decoders=decoders, entropies=entropies)
 
 
 def rollout_streams(seed: int, step: int, rollouts, device) -> list[torch.Generator]:
@@ -321,12 +317,12 @@ class Group:
     rewards: torch.Tensor
     zero_variance: bool  # every reward equal: decided here, once (equal_rewards); every later move reads it
     draw: int = 0  # the draw that keyed its random streams (the step's, without resampling)
-    tree: Tree | None = None  # credit=tree: how the group was sampled
+    tree: credit.Tree | None = None  # credit=tree: how the group was sampled
     entropies: list[list[float]] | None = None  # top_entropy_quantile: each token's, from the sampler's logits
 
 
 def score_group(step: int, responses: list[torch.Tensor], cut: list[bool], problem: dict, t: Trainer, draw: int = 0,
-                tree: Tree | None = None, entropies: list | None = None) -> Group:
+                tree: credit.Tree | None = None, entropies: list | None = None) -> Group:
     """Score this rank's rollouts against the problem's answer (a reward_function also gets its data set record);
     every rank receives the whole group (its advantages standardize over all of it), and its tokens' entropies if
     sampled."""
@@ -405,21 +401,15 @@ def compute_advantages(rewards: torch.Tensor, std_eps: float, advantage_std: str
 
 def assign_credit(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group,
                   advantages: torch.Tensor, problem: dict, t: Trainer) -> credit.Credit | None:
-    """Which tokens earn the advantage (the spec's last paragraph). None: the spec's A_i on every token of response
-    i (credit=sequence, no entropy mask), and nothing in credit.py is called. Otherwise each token's own A_it, from the
-    formulas in credit.py (docs/variants.md, "Credit") and the values the method samples (method_values: the
-    tree's leaves, monte_carlo's continuations), with top_entropy_quantile the sampler's entropies."""
-    cfg = t.cfg
-    if cfg.credit == "sequence" and cfg.top_entropy_quantile >= 1:
+    """Which tokens earn the advantage (the spec's last paragraph): the run's credit method, chosen once at its start
+    (credit.method: its formula, settings, figures and columns in credit.py). None: the spec's A_i on every token of
+    response i (credit=sequence, no entropy mask), and nothing else runs. Otherwise each token's own A_it, the
+    method given what it may call (credit_tools: the sampler, the verifier, the step checker)."""
+    if t.credit_method.is_spec:
         return None
-    if cfg.credit == "steps":  # each line's verdict from the step checker (checked_lines), no sampling
-        token_line, verdicts, failed = checked_lines(step, responses, group, problem, t)
-        return credit.assign_steps(cfg.step_mode, advantages, token_line, verdicts, cfg.step_weight, cfg.std_eps,
-                                   group.entropies, cfg.top_entropy_quantile, sum(group.tokens), failed)
-    starts, values, trained, generated = method_values(step, prompt_ids, responses, group, problem, t)
-    return credit.assign(cfg.credit, credit.scale_of(cfg.credit, cfg.credit_scale), group.rewards,
-                         group.zero_variance, advantages, group.tokens, starts, values, trained, cfg.std_eps,
-                         group.entropies, cfg.top_entropy_quantile, generated)
+    with agreed("credit", step, prompt_tokens=len(prompt_ids), cfg=t.cfg):
+        return t.credit_method.assign(responses, group, advantages,
+                                      credit_tools(step, prompt_ids, problem, group.draw, t))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -796,7 +786,7 @@ def train_step(step: int, candidates: list[dict], draw: int, problems: int, t: T
     next_learning_rate(t.scheduler)
     for s in slots:
         s.changes = token_changes(s, epochs, t)
-    return step_report(step, slots, t.cfg, epochs, clock)
+    return step_report(step, slots, t, epochs, clock)
 
 
 def weigh_group(step: int, s: Slot, t: Trainer, clock) -> None:
@@ -908,9 +898,9 @@ def run(cfg: Config, device: torch.device, precision: str, od: OutputDir, proble
     t, s = load_training(cfg, device, precision, od, problems, argv, eval_set)
     with signals_caught():
         try:
-            with open_scorer(cfg) as t.scorer:
+            with open_scorer(cfg, t.credit_method.checker) as t.scorer:
                 try_reward_function(t.scorer, s.problems[0], cfg)
-                try_step_checker(t.scorer, s.problems[0], cfg)
+                t.credit_method.trial(s.problems[0]["answer"], credit_tools(0, None, s.problems[0], 0, t))
                 begin_output(od, cfg)  # the first change to output_dir, now that everything has loaded
                 s.eval_log = on_rank0(read_eval_log, s.out, s.resumed.get("eval_steps_done"), s.steps)
                 say(format_header(cfg.group_size * cfg.problems_per_step, s.extras))
@@ -960,9 +950,10 @@ def load_training(cfg: Config, device: torch.device, precision: str, od: OutputD
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     copies, reference = StepCopies(update_norm_buffers(params, device)), load_reference(cfg, device, precision)
     t = Trainer(cfg, model, tokenizer, params, optimizer, device, precision, eos_id, copies, reference=reference,
-                decoders=decoders)
+                decoders=decoders, credit_method=credit.method(cfg, user_function(cfg.step_checker)))
     trains = min(cfg.num_problems, len(problems))  # load_records refuses a data set short of num_problems
-    s = RunState(od.path, argv, problems, list(eval_set), run_steps(trains, cfg), trains, table_extras(cfg))
+    s = RunState(od.path, argv, problems, list(eval_set), run_steps(trains, cfg), trains,
+                 table_extras(cfg, t.credit_method))
     t.scheduler = lr_scheduler(cfg, optimizer, s.steps)  # before a checkpoint's AdamW state: its base rate is cfg's
     if od.resume_from is not None:
         s.history, s.resumed = load_checkpoint(od.resume_from, model, optimizer, problems)
@@ -1021,16 +1012,6 @@ ADVANTAGE_STDS = ("group", "none")                                            # 
 LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean", "dr_grpo")  # see loss_divisors
 
 ZERO_VARIANCES = ("step", "skip", "resample")                                 # see step_or_skip, draw_groups
-
-CREDITS = ("sequence", "monte_carlo", "tree", "steps")                        # see assign_credit
-
-STEP_MODES = ("add", "first_error")                                           # see credit.checked_step_advantages
-
-SAMPLED_CREDIT = ("monte_carlo", "tree")  # the credits that sample more than the group (generated_tokens counts it)
-
-CREDIT_SCALES = ("auto", "raw", "group", "whiten")                            # see scale_changes
-
-TREE_WEIGHTINGS = ("leaf", "once")                                            # see tree_values
 
 ANSWER_FORMATS = ("auto", "plain", "gsm8k", "boxed")                          # see reference_answer
 
@@ -1099,14 +1080,7 @@ class ConfigLoader(yaml.SafeLoader):
 
 # Settings that act only when another has a certain value: (key, whether it acts, the setting it needs).
 ACTS_ONLY_WITH = [
-    ("tree_branching", lambda c: c.credit == "tree", "credit=tree"),
-    ("credit_samples", lambda c: c.credit == "monte_carlo", "credit=monte_carlo"),
-    ("credit_segment_tokens", lambda c: c.credit in ("monte_carlo", "tree"), "credit=monte_carlo or credit=tree"),
-    ("credit_scale", lambda c: c.credit in ("monte_carlo", "tree"), "credit=monte_carlo or credit=tree"),
-    ("step_checker", lambda c: c.credit == "steps", "credit=steps"),
-    ("step_mode", lambda c: c.credit == "steps", "credit=steps"),
-    ("step_weight", lambda c: c.credit == "steps" and c.step_mode == "add", "credit=steps, step_mode=add"),
-    ("tree_weighting", lambda c: c.credit == "tree", "credit=tree"),
+    *credit.ACTS_ONLY_WITH,  # the credit methods' settings
     ("resample_limit", lambda c: c.zero_variance == "resample", "zero_variance=resample"),
     ("clip_eps", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
     ("clip_eps_high", lambda c: c.ppo_epochs > 1, "ppo_epochs > 1 (one epoch's ratio is 1)"),
@@ -1164,13 +1138,14 @@ def validate_config(cfg: Config) -> None:
     for f in dataclasses.fields(cfg):
         if f.type == "float" and not math.isfinite(getattr(cfg, f.name)):
             raise UserError(f"config key '{f.name}' must be a finite number, got {getattr(cfg, f.name)!r}")
-    for key, ok, want in step_checks(cfg) + run_checks(cfg):
+    for key, ok, want in training_checks(cfg) + run_checks(cfg):
         if not ok:
             raise UserError(f"config key '{key}' must be {want}, got {getattr(cfg, key)!r}")
 
 
-def step_checks(cfg: Config) -> list[tuple[str, bool, str]]:
-    """The step's settings, as (key, whether its value is usable, what it must be)."""
+def training_checks(cfg: Config) -> list[tuple[str, bool, str]]:
+    """The training's settings (the step's, its variants', the credit method's), as (key, whether its value is
+    usable, what it must be)."""
     return [
         ("group_size", 2 <= cfg.group_size <= 65536, "an integer in [2, 65536] (advantages need a sample std)"),
         ("temperature", cfg.temperature > 0, "a number > 0"),
@@ -1181,8 +1156,6 @@ def step_checks(cfg: Config) -> list[tuple[str, bool, str]]:
                                                               or cfg.num_problems == 0),  # evaluation only: unused
          f"an integer in [1, num_problems {cfg.num_problems}] (the problems of one optimizer step)"
          if cfg.num_problems else "an integer >= 1"),
-        ("problems_per_step", cfg.problems_per_step == 1 or cfg.credit != "tree",
-         "1 with credit: tree (a tree grows one problem's group at a time; monte_carlo and sequence take several)"),
         ("start_index", cfg.start_index >= 0, "an integer >= 0"),
         # AdamW turns lr / (1 - beta1**t) and lr * weight_decay into float32 scalars: beyond ~3e38 it raises
         ("learning_rate", 0 < cfg.learning_rate <= 1e37, "a number in (0, 1e37] (AdamW's step size is a float32)"),
@@ -1209,30 +1182,8 @@ def step_checks(cfg: Config) -> list[tuple[str, bool, str]]:
         ("ppo_epochs", 1 <= cfg.ppo_epochs <= 64, "an integer in [1, 64] (optimizer steps per group)"),
         ("clip_eps", 0 < cfg.clip_eps < 1, "a number in (0, 1) (the ratio is clipped to [1 - eps, 1 + eps])"),
         ("clip_eps_high", 0 <= cfg.clip_eps_high <= 10, "0 (equal to clip_eps) or a number in (0, 10] (DAPO: 0.28)"),
-        ("credit", cfg.credit in CREDITS, "one of " + ", ".join(CREDITS)),
-        ("credit_segment_tokens", 1 <= cfg.credit_segment_tokens <= 2**20, "an integer in [1, 1048576]"),
-        ("credit_samples", 1 <= cfg.credit_samples <= 256, "an integer in [1, 256] (continuations at each cut)"),
-        ("credit_scale", cfg.credit_scale in CREDIT_SCALES, "one of " + ", ".join(CREDIT_SCALES)),
-        ("tree_weighting", cfg.tree_weighting in TREE_WEIGHTINGS, "one of " + ", ".join(TREE_WEIGHTINGS)),
-        ("tree_branching", cfg.credit != "tree" or math.prod(tree_levels(cfg.tree_branching) or [0]) == cfg.group_size,
-         f"integers >= 2 separated by commas whose product is group_size {cfg.group_size} (e.g. 2,2,2 for 8)"),
-        ("top_entropy_quantile", 0 < cfg.top_entropy_quantile <= 1, "a number in (0, 1] (1: every token)"),
-        *checker_checks(cfg),
+        *credit.setting_checks(cfg, tuple(verifier.STEP_CHECKERS)),
     ]
-
-
-def checker_checks(cfg: Config) -> list[tuple[str, bool, str]]:
-    """credit=steps' settings, in validate_config's (key, ok, what it must be) form."""
-    path, _, name = cfg.step_checker.rpartition(":")
-    user = cfg.step_checker not in verifier.STEP_CHECKERS
-    return [("step_checker", not user or (path.endswith(".py") and name.isidentifier()),
-             f"{' or '.join(verifier.STEP_CHECKERS)} (built in) or path/to/file.py:function_name (called as "
-             "name(lines, record) -> a verdict per line: True, False or None)"),
-            ("step_checker", not user or cfg.credit != "steps" or Path(path).expanduser().is_file(),
-             f"an existing file: {path} is not one"),
-            ("step_weight", math.isfinite(cfg.step_weight) and 0 <= cfg.step_weight <= 1e6,
-             "a number in [0, 1e6] (0: the spec's credit)"),
-            ("step_mode", cfg.step_mode in STEP_MODES, "one of " + ", ".join(STEP_MODES))]
 
 
 def run_checks(cfg: Config) -> list[tuple[str, bool, str]]:
@@ -1285,15 +1236,6 @@ def reward_weights(text: str) -> tuple[float, float] | None:
     except ValueError:
         return None
     return weights if len(weights) == 2 and all(map(math.isfinite, weights)) and any(weights) else None
-
-
-def tree_levels(branching: str) -> list[int] | None:
-    """tree_branching's branches per level ("2,2,2" -> [2, 2, 2]), None when it is not integers >= 2."""
-    try:
-        levels = [int(x) for x in branching.split(",")]
-    except ValueError:
-        return None
-    return levels if levels and all(b >= 2 for b in levels) else None
 
 
 def eval_checks(cfg: Config) -> list[tuple[str, bool, str]]:
@@ -1799,6 +1741,29 @@ def available_memory(device: torch.device) -> int:
 
 # ----------------------------------------------------------------------------------------------
 # The sampler's machinery
+
+@torch.no_grad()
+def sample(model, prompts: list[torch.Tensor], room: int, eos_id: int, amp, cfg: Config, streams: list | None = None,
+           rule: tuple[float, float] | None = None, *, prefixes: list[torch.Tensor] | None = None, prompt_state=None,
+           use: str | None = None, decoders: Decoders | None = None, rows: int | None = None,
+           entropies: list | None = None) -> tuple[list[torch.Tensor], list[bool]]:
+    """The one sampler: the rollouts, the credit methods' continuations and branches, and evaluation call it. Row i
+    continues prompts[i] by at most `room` tokens, each drawn with the rule (temperature, top_p) from streams[i]
+    (sampling_pick), or greedily (rule None); sampling comes from these arguments alone (no transformers defaults
+    or generation_config leak in). With prefixes: the one prompt, then row i's prefix, the prompt's pass run once
+    (prompt_state: shared_prompt_state's, reused by every call for the group; None: prompt + prefix for every
+    row), ended rows dropped. Otherwise the decode of `use` (rollouts, eval): eager, or with `compile` the
+    StaticDecoder of `decoders` (the same logits in float32). entropies: a list that receives each response token's
+    entropy (decode)."""
+    pick = greedy_pick if rule is None else sampling_pick(streams, *rule, prompts[0].device)
+    if prefixes is not None:
+        return decode(model, [torch.cat([prompts[0], p]) for p in prefixes], room, eos_id, pick, amp,
+                      drop_finished=True, entropies=entropies,
+                      prefilled=prompt_state and after_prompt(model, prompt_state, prefixes, amp))
+    with weight_cast_cache(amp, prompts[0].device.type):
+        return compiled_or_eager(model, prompts, room, eos_id, pick, amp, cfg, streams or [], use, rows,
+                                 decoders=decoders, entropies=entropies)
+
 # (each row's uniforms, the nucleus without a sort)
 
 def greedy_pick(logits: torch.Tensor, rows=None) -> torch.Tensor:
@@ -2433,196 +2398,49 @@ def shared_prompt(model, prompt_ids: torch.Tensor, amp) -> SharedPrompt:
 
 
 # ----------------------------------------------------------------------------------------------
-# The credit methods' sampling and the step checker
-# (their formulas are credit.py's)
+# What a credit method may call (credit.Tools)
 
-def checked_lines(step: int, responses: list[torch.Tensor], group: Group, problem: dict, t: Trainer
-                  ) -> tuple[list[list[int]], list[list[bool | None]], int]:
-    """credit=steps: each response's token lines (credit.token_lines: the line a token's first character is in)
-    and the step checker's verdict for every line of its text (True, False or None), from this rank's responses,
-    gathered from every rank; and how many responses' checks failed. A response's lines are its text split at "\n"
-    alone, as token_lines counts them (str.splitlines would also split at "\r" or "\u2028"). The last line of a
-    response cut at max_new_tokens was never finished: it is not checked, and unknown (None). The checker runs in
-    the verifier's worker under verifier_timeout (open_scorer); a hang, an exception or a result that is not a
-    verdict per line leaves that response's lines unknown, counted (metrics.jsonl's step_checker_failures) and said
-    once a run."""
-    mine, failed, checked = rank_share(t.cfg.group_size), 0, []
-    token_line = [credit.token_lines([t.tokenizer.decode([i]) for i in r.tolist()]) for r in responses]
-    with agreed("credit", step, cfg=t.cfg):
-        for i in mine:
-            check_stop(local=True)  # between two calls, as the rewards' scoring
-            lines = group.texts[i].split("\n")
-            finished = lines[:-1] if group.cut[i] else lines
-            verdicts, status = t.scorer.check_steps(finished, problem.get("record") or {}, problem["problem"])
-            if verdicts is None:
-                failed += 1
-                warn_once(t, "step checker failed", f"warning: step {step}: step_checker {t.cfg.step_checker} "
-                          f"{'did not return within verifier_timeout' if status == 'timeout' else 'failed'} on "
-                          f"rollout {i}: {t.scorer.last_error} (its lines count as unknown; said once a run, each "
-                          "failure is counted: metrics.jsonl's step_checker_failures)")
-                verdicts = [None] * len(finished)
-            checked.append(verdicts + [None] * (len(lines) - len(finished)))
-    shares = gather_objects((token_line, checked, failed))
-    return [x for s in shares for x in s[0]], [x for s in shares for x in s[1]], sum(s[2] for s in shares)
+def credit_tools(step: int, prompt_ids: torch.Tensor | None, problem: dict, draw: int, t: Trainer,
+                 share_prompt: bool = True) -> credit.Tools:
+    """What a credit method may call for one group, as plain callables: the run's sampler continuing the group's
+    prompt (share_prompt: the prompt's pass once for every call, its keys and values repeated to every row, which
+    then reads only its prefix; False: prompt + prefix for every row, the same tokens up to float rounding), the
+    rollouts' scoring (the verifier and format_reward's bonus), the step checker in the verifier's worker (a failure
+    said once and counted; at the trial call, before step 1, one line), the tokenizer, and this process's share of
+    the group."""
+    amp, state = autocast(t.device, t.precision), {}
 
+    def continue_prompt(prefixes, room, keys, entropies=None):
+        streams = [torch.Generator(device=t.device).manual_seed(stream_seed(t.cfg.seed, *key)) for key in keys]
+        with full_weights(t.model), torch.no_grad():
+            if share_prompt and "prompt" not in state:
+                state["prompt"] = shared_prompt_state(t.model, prompt_ids, amp)
+            return sample(t.model, [prompt_ids], room, t.eos_id, amp, t.cfg, streams, (t.cfg.temperature, t.cfg.top_p),
+                          prefixes=prefixes, prompt_state=state.get("prompt"), entropies=entropies)[0]
 
-def method_values(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], group: Group, problem: dict,
-                  t: Trainer) -> tuple[list[list[int]], list[list[float]], list | None, int]:
-    """What credit.py needs of the group for its method: each response's segment starts and the values V along it
-    (the tree's leaves, or monte_carlo's continuations from this rank's responses, gathered from every rank; with
-    the entropy mask alone the spec's one segment), which tokens the tree's once weighting trains (else None), and
-    the tokens sampled for the step (the group's, its continuations or its branches)."""
-    cfg = t.cfg
-    if cfg.credit == "tree":
-        starts, values, trained = credit.tree_values(group.tree.leaves, group.tree.segments, group.rewards.tolist(),
-                                                     cfg.tree_weighting)
-        return starts, values, trained, group.tree.generated
-    if cfg.credit != "monte_carlo":
-        return *credit.spec_values(group.rewards), None, sum(group.tokens)
-    mine = rank_share(cfg.group_size)
-    pieces = [[t.tokenizer.decode([i]) for i in r.tolist()] for r in responses]
-    starts = [credit.segment_starts(p, cfg.credit_segment_tokens) for p in pieces]
-    flat = group.zero_variance and credit.scale_of(cfg.credit, cfg.credit_scale) == "group"  # its scale is 0
-    cuts, sampled = ([[] for _ in mine], 0) if flat else continuation_values(
-        step, prompt_ids, responses, starts, group.draw, problem, mine, t)
-    shares = gather_objects((starts, cuts, sampled))
-    starts, cuts = [x for s in shares for x in s[0]], [x for s in shares for x in s[1]]
-    return starts, credit.chain_values(starts, cuts, group.rewards), None, sum(group.tokens) + sum(s[2] for s in shares)
+    def score(texts, ended):
+        return [s.reward + format_bonus(s.status, not e, t.cfg.format_reward) for s, e in zip(
+            score_rollouts(t.scorer, texts, problem["answer"], **user_reward(t.cfg, problem)), ended)]
 
+    def check_lines(lines, rollout):
+        check_stop(local=True)  # between two calls, as the rewards' scoring
+        verdicts, status = t.scorer.check_steps(lines, problem.get("record") or {}, problem["problem"])
+        if verdicts is None:
+            why = ("did not return within verifier_timeout" if status == "timeout" else "failed")
+            if rollout is None:  # the trial call
+                raise UserError(step_checker_unusable(t.cfg, (f"{why} {t.cfg.verifier_timeout:g} s" if status ==
+                                                              "timeout" else f"failed: {t.scorer.last_error}")
+                                                      + f" (a trial call on dataset record {problem['index']})"))
+            warn_once(t, "step checker failed", f"warning: step {step}: step_checker {t.cfg.step_checker} {why} on "
+                      f"rollout {rollout}: {t.scorer.last_error} (its lines count as unknown; said once a run, each "
+                      "failure is counted: metrics.jsonl's step_checker_failures)")
+        return verdicts
 
-@torch.no_grad()
-def continuation_values(step: int, prompt_ids: torch.Tensor, responses: list[torch.Tensor], starts: list[list[int]],
-                        draw: int, problem: dict, mine: range, t: Trainer, share_prompt: bool = True
-                        ) -> tuple[list[list[float]], int]:
-    """credit=monte_carlo (VinePPO, SPO-chain): V at each cut of this rank's responses (their segment starts after
-    the first), the mean reward of credit_samples continuations sampled from prompt + the response up to the cut
-    with the run's sampler, scored like the rollouts (the verifier, plus format_reward's bonus), each from its own
-    stream (seed, draw, rollout, cut, sample). The prompt's pass runs once for all the continuations (share_prompt,
-    as the tree's: its keys and values repeated to every row, which then reads only its prefix; False runs prompt +
-    prefix for every row, the same tokens up to float rounding). Returns the values per response and the tokens
-    sampled."""
-    cfg = t.cfg
-    rows = [(j, c, k) for j, st in enumerate(starts) for c in range(1, len(st)) for k in range(cfg.credit_samples)]
-    values, sampled = [[0.0] * (len(st) - 1) for st in starts], 0
-    with agreed("credit", step, rollouts=len(rows), prompt_tokens=len(prompt_ids), cfg=t.cfg), full_weights(t.model):
-        amp = autocast(t.device, t.precision)
-        prompt = shared_prompt_state(t.model, prompt_ids, amp) if share_prompt and rows else None
-        size = cfg.group_size * cfg.credit_samples
-        for begin in range(0, len(rows), size):
-            batch = rows[begin:begin + size]
-            prefixes = [responses[j][:starts[j][c]] for j, c, _ in batch]
-            rooms = [cfg.max_new_tokens - len(p) for p in prefixes]
-            streams = [torch.Generator(device=t.device).manual_seed(stream_seed(
-                cfg.seed, "continuation", draw, mine[j], c, k)) for j, c, k in batch]
-            outs, _ = decode(t.model, [torch.cat([prompt_ids, p]) for p in prefixes], max(rooms), t.eos_id,
-                             sampling_pick(streams, cfg.temperature, cfg.top_p, t.device), amp, drop_finished=True,
-                             prefilled=prompt and after_prompt(t.model, prompt, prefixes, amp))
-            outs = [o[:room] for o, room in zip(outs, rooms)]
-            sampled += sum(len(o) for o in outs)
-            texts = [t.tokenizer.decode(torch.cat([p, o]).tolist(), skip_special_tokens=True)
-                     for p, o in zip(prefixes, outs)]
-            ended = [len(o) > 0 and int(o[-1]) == t.eos_id for o in outs]
-            for (j, c, _), (reward, _, status, _), stop in zip(batch, score_rollouts(t.scorer, texts, problem["answer"],
-                                                                                **user_reward(cfg, problem)), ended):
-                values[j][c - 1] += (reward + format_bonus(status, not stop, cfg.format_reward)) / cfg.credit_samples
-    return values, sampled
-
-
-
-# ----------------------------------------------------------------------------------------------
-# The tree's sampling
-
-@dataclass
-class Tree:
-    """credit=tree: the group sampled as a tree. Leaf i (rollout i, in order) is the path of child indices
-    leaf_paths(levels)[i]; its response is the segments of the nodes along that path, segment k (starting at
-    token segments[i][k]) the node at depth k. A node that ended (EOS or max_new_tokens) has no more segments:
-    the leaves under it are copies of it."""
-    leaves: list[list[int]]      # each leaf's response tokens
-    cut: list[bool]              # each leaf cut at max_new_tokens (no EOS)
-    segments: list[list[int]]    # each leaf's segment starts
-    generated: int               # tokens sampled for the tree, those cut off at a segment's end included
-    entropies: list[list[float]] | None = None  # each leaf token's entropy from the sampler (top_entropy_quantile)
-
-
-def leaf_paths(levels: list[int]) -> list[tuple[int, ...]]:
-    return list(itertools.product(*(range(b) for b in levels)))
-
-
-@torch.no_grad()
-def generate_tree(model, tokenizer, prompt_ids: torch.Tensor, cfg: Config, eos_id: int, draw: int, amp,
-                  record_entropies: bool = False, share_prompt: bool = True) -> Tree:
-    """credit=tree (SPO-tree, TreeRPO): the group's rollouts as a tree that branches tree_branching[k] ways at
-    depth k. Every node is one segment, sampled from prompt + its parent's tokens with the run's sampler and its
-    own random stream (seed, draw, path): at most credit_segment_tokens tokens, cut at the last line or sentence
-    end in them (segment_end; the rest is dropped), except at the last depth, which runs to EOS or
-    max_new_tokens. One batched decode per depth; the prompt's pass runs once for the whole tree (share_prompt:
-    its keys and values are repeated to every row of every depth, which then reads only its parent's tokens;
-    False runs prompt + parent for every row, the same tokens up to float rounding)."""
-    levels, device = tree_levels(cfg.tree_branching), prompt_ids.device
-    nodes = {(): (prompt_ids.new_empty(0), False)}  # path -> (the tokens from the response's start, ended)
-    entropy = {(): []}  # path -> the entropies of its tokens (record_entropies)
-    prompt = shared_prompt_state(model, prompt_ids, amp) if share_prompt else None
-    starts, frontier, generated = {}, [()], 0
-    for depth, branches in enumerate(levels):
-        last = depth == len(levels) - 1
-        children = [path + (c,) for path in frontier for c in range(branches)]
-        live = [p for p in children if not nodes[p[:-1]][1]]
-        rooms = [cfg.max_new_tokens - len(nodes[p[:-1]][0]) for p in live]
-        outs, ents = [], [] if record_entropies else None
-        if live:
-            streams = [torch.Generator(device=device).manual_seed(stream_seed(cfg.seed, "tree", draw, *p)) for p in live]
-            longest = max(rooms) if last else min(cfg.credit_segment_tokens, max(rooms))
-            parents = [nodes[p[:-1]][0] for p in live]
-            outs, _ = decode(model, [torch.cat([prompt_ids, t]) for t in parents], longest, eos_id,
-                             sampling_pick(streams, cfg.temperature, cfg.top_p, device), amp, drop_finished=True,
-                             entropies=ents, prefilled=prompt and after_prompt(model, prompt, parents, amp))
-        sampled = dict(zip(live, zip(outs, rooms, ents or [[]] * len(outs))))
-        for p in children:
-            tokens, ended = nodes[p[:-1]]
-            starts[p], entropy[p] = len(tokens), entropy[p[:-1]]
-            if not ended:
-                out, room, ent = sampled[p]
-                generated += len(out)
-                out = out[:room]
-                stopped = len(out) > 0 and int(out[-1]) == eos_id
-                if not last and not stopped:
-                    out = out[:credit.segment_end([tokenizer.decode([i]) for i in out.tolist()], 0, cfg.credit_segment_tokens,
-                                           whole=False)]
-                tokens, entropy[p] = torch.cat([tokens, out]), entropy[p] + ent[:len(out)]
-                ended = last or stopped or len(tokens) >= cfg.max_new_tokens
-            nodes[p] = (tokens, ended)
-        frontier = children
-    leaves = [nodes[p][0] for p in frontier]
-    segments = [[starts[p[:k + 1]] for k in range(len(p)) if starts[p[:k + 1]] < len(nodes[p][0])] for p in frontier]
-    return Tree([r.tolist() for r in leaves], [not (len(r) and int(r[-1]) == eos_id) for r in leaves], segments,
-                generated, [entropy[p] for p in frontier] if record_entropies else None)
-
-
-def warn_tree_copies(step: int, tree: Tree, t: Trainer) -> None:
-    # A response that ends before the tree's last level leaves its node's other leaves copies of it: on a task of
-    # one-line answers (one segment) the 2,2,2 tree is 2 samples copied 4 times, and learns from far less. The
-    # warning names the cause its numbers show: responses that ended with EOS, or that reached max_new_tokens.
-    cfg, levels = t.cfg, tree_levels(t.cfg.tree_branching)
-    distinct = {path[:len(seg)]: i for i, (path, seg) in enumerate(zip(leaf_paths(levels), tree.segments))}
-    if len(distinct) == len(tree.leaves):
-        return
-    short = [i for path, i in distinct.items() if len(path) < len(levels)]
-    cut = [i for i in short if tree.cut[i]]
-    causes = []
-    if len(cut) < len(short):
-        shorter = ("lower credit_segment_tokens, use fewer levels" if cfg.credit_segment_tokens > 1
-                   else "use fewer levels")
-        causes.append(f"{len(short) - len(cut)} ended with EOS after at most "
-                      f"{max(len(tree.leaves[i]) for i in short if not tree.cut[i])} tokens ({shorter}, or "
-                      "credit=sequence)")
-    if cut:
-        causes.append(f"{len(cut)} reached max_new_tokens={cfg.max_new_tokens} (raise max_new_tokens, or use fewer "
-                      "levels)")
-    warn_once(t, "tree copies", f"warning: step {step}: credit=tree: the group holds {len(distinct)} distinct "
-              f"responses of {len(tree.leaves)}: of the responses that ended before the tree's last level "
-              f"({len(levels)} levels of at most credit_segment_tokens={cfg.credit_segment_tokens} tokens), whose "
-              f"copies fill the other leaves, {' and '.join(causes)} (said once a run)")
+    return credit.Tools(pieces=lambda ids: [t.tokenizer.decode([i]) for i in ids],
+                        text=lambda ids: t.tokenizer.decode(ids, skip_special_tokens=True), eos_id=t.eos_id,
+                        rows=rank_share(t.cfg.group_size), share=gather_objects, continue_prompt=continue_prompt,
+                        score=score, check_lines=check_lines,
+                        warn=lambda kind, message: message and warn_once(t, kind, f"warning: step {step}: {message}"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2669,11 +2487,12 @@ def user_function(setting: str) -> tuple[str, str] | str:
 
 
 @contextmanager
-def open_scorer(cfg: Config):
-    """The run's TimedVerifier, its worker started (with a reward_function, its file imported there, within
-    verifier_timeout: an import that raises, hangs or exits is one line)."""
+def open_scorer(cfg: Config, step_checker=None):
+    """The run's TimedVerifier, its worker started (with a reward_function, or a step checker of one's own
+    (credit=steps), its file imported there, within verifier_timeout: an import that raises, hangs or exits is one
+    line)."""
     scorer = verifier.TimedVerifier(timeout_s=cfg.verifier_timeout, reward_function=reward_file(cfg),
-                                    step_checker=step_checker_spec(cfg))
+                                    step_checker=step_checker)
     try:
         scorer.__enter__()
     except verifier.RewardFunctionError as e:  # which file: the worker says (None: an import that hung)
@@ -2697,27 +2516,6 @@ def try_reward_function(scorer: verifier.TimedVerifier, problem: dict, cfg: Conf
         why = (f"did not return within verifier_timeout {cfg.verifier_timeout:g} s" if result[2] == "timeout"
                else f"failed: {scorer.last_error}")
         raise UserError(reward_function_unusable(cfg, f"{why} (a trial call on dataset record {problem['index']})"))
-
-
-def step_checker_spec(cfg: Config) -> str | tuple[str, str] | None:
-    """credit=steps' step checker for the verifier's worker: a built-in's name (arithmetic, grounded), or a user's
-    (absolute path, name)."""
-    if cfg.credit != "steps":
-        return None
-    return user_function(cfg.step_checker)
-
-
-def try_step_checker(scorer: verifier.TimedVerifier, problem: dict, cfg: Config) -> None:
-    """A trial call of the step checker on the first record (two lines), before step 1: an exception, a hang or a
-    result that is not a verdict per line is one line, not a run whose every line is unknown."""
-    if cfg.credit != "steps":
-        return
-    verdicts, status = scorer.check_steps(["1 + 1 = 2", f"So the answer is \\boxed{{{problem['answer']}}}."],
-                                          problem.get("record") or {}, problem["problem"])
-    if verdicts is None:
-        why = (f"did not return within verifier_timeout {cfg.verifier_timeout:g} s" if status == "timeout"
-               else f"failed: {scorer.last_error}")
-        raise UserError(step_checker_unusable(cfg, f"{why} (a trial call on dataset record {problem['index']})"))
 
 
 def step_checker_unusable(cfg: Config, why: str) -> str:
@@ -2881,10 +2679,11 @@ class StepRecord:
     tokens: list[dict] = dataclasses.field(default_factory=list)
 
 
-def step_report(step: int, slots: list[Slot], cfg: Config, epochs: list[dict], clock) -> StepRecord:
+def step_report(step: int, slots: list[Slot], t: Trainer, epochs: list[dict], clock) -> StepRecord:
     """The step's record. The metrics' loss and norms are the first epoch's (the spec's step); with ppo_epochs > 1
     every epoch's are under "epochs"; with P problems each group's figures under "groups". Each slot's groups set
-    aside (zero_variance=resample) come before it in the rollouts."""
+    aside (zero_variance=resample) come before it in the rollouts; the credit method's own figures are its."""
+    cfg = t.cfg
     first, figures = epochs[0], step_figures(cfg, [s.group for s in slots])
     set_aside = [x for s in slots for x in s.set_aside]
     metrics = {"step": step, "problem_index": slots[0].problem["index"], **{k: figures[k] for k in TABLE_FIGURES},
@@ -2901,10 +2700,7 @@ def step_report(step: int, slots: list[Slot], cfg: Config, epochs: list[dict], c
         metrics["problems_drawn"] = len(set_aside) + len(slots)
     if cfg.zero_variance == "resample":
         metrics["set_aside"] = [dict(problem_index=x.problem["index"], **group_figures(cfg, x.group)) for x in set_aside]
-    if cfg.credit in SAMPLED_CREDIT:  # what the credit cost: the groups' tokens and their continuations or branches
-        metrics["generated_tokens"] = sum(x.credit.generated for x in set_aside + slots)
-    if cfg.credit == "steps":
-        metrics.update(line_figures([s.credit for s in slots]))
+    metrics.update(t.credit_method.figures([s.credit for s in slots], [x.credit for x in set_aside]))
     metrics["timings"] = clock.timings
     rollouts, tokens = [], []
     for s in slots:
@@ -2926,29 +2722,11 @@ def slot_rollouts(step: int, s: Slot, cfg: Config) -> list[dict]:
     mine = group_rollouts(step, s.problem, cfg, s.group, s.advantages,
                           [None] * cfg.group_size if aside else s.first.seq_log_probs, set_aside=aside)
     for i, r in enumerate(mine if s.credit is not None else []):
-        if cfg.credit != "sequence":  # steps: the lines' first tokens, the term each line adds, each line's verdict
-            r.update(segments=s.credit.segments[i], values=s.credit.values[i],
-                     token_advantages=s.credit.token_advantages[i])
-        if s.credit.verdicts is not None:
-            r["line_verdicts"] = s.credit.verdicts[i]
-        if s.credit.entropy_mask is not None:
-            r["entropy_mask"] = s.credit.entropy_mask[i]
+        r.update(s.credit.rollout_fields(i))
     return mine
 
 
 TABLE_FIGURES = ("group_size", "correct", "reward_mean", "reward_std", "response_tokens")  # before the loss
-
-
-def line_figures(credits: list) -> dict:
-    """credit=steps: the step's lines the checker found right, wrong or could not check (unknown), the lines
-    checked (right + wrong), the share of responses with no checked line (a policy that learns to write no
-    checkable line games the checker: this shows it) and the responses whose check failed."""
-    verdicts = [v for c in credits for v in c.verdicts]
-    right, wrong = (sum(line is x for v in verdicts for line in v) for x in (True, False))
-    every = sum(len(v) for v in verdicts)
-    return dict(lines_checked=right + wrong, lines_right=right, lines_wrong=wrong, lines_unknown=every - right - wrong,
-                responses_unchecked=sum(all(line is None for line in v) for v in verdicts) / len(verdicts),
-                step_checker_failures=sum(c.failed for c in credits))
 
 
 def group_figures(cfg, group: Group) -> dict:
@@ -3047,24 +2825,32 @@ COLUMNS = [("step", 6), ("correct/{G}", 11), ("reward mean", 13), ("sample std",
            ("seconds", 0)]
 
 
-# Shown only when their variant is on, before the seconds: the spec's table stays as it is.
-EXTRA_COLUMNS = [("epoch", 7), ("clipped", 9), ("kl", 11), ("generated", 11), ("lines r/w/?", 13),
-                 ("problems", 10)]
+class Column(NamedTuple):
+    """A column shown only when its variant is on, before the seconds (the spec's table stays as it is): its name,
+    its width and its cell in a row, from the step's record m, the row's epoch e and the epoch's index k."""
+    name: str
+    width: int
+    cell: object  # (m, e, k) -> str
+
+
+def table_extras(cfg: Config, method: credit.Sequence | None = None) -> list[Column]:
+    """The extra columns of a run, decided once from its settings (run passes them to every row): the epoch and the
+    clipped fraction with ppo_epochs > 1, the KL with kl_coef, the credit method's own (the tokens generated for
+    the step with monte_carlo or tree, the lines the step checker found right, wrong and unknown with steps: on the
+    first epoch's row), the problems the step took with problems_per_step > 1 (then correct/{P x G} counts the
+    step's rollouts). None for the spec's run."""
+    method = method or credit.method(cfg)
+    first = [Column(name, width, lambda m, e, k, j=j: method.cells(m)[j] if k == 0 else "")
+             for j, (name, width) in enumerate(method.columns)]
+    return ([Column("epoch", 7, lambda m, e, k: str(e["epoch"])),
+             Column("clipped", 9, lambda m, e, k: f"{e['clipped_fraction']:.3f}")] if cfg.ppo_epochs > 1 else []) + (
+        [Column("kl", 11, lambda m, e, k: f"{e['kl']:.3e}")] if cfg.kl_coef else []) + first + (
+        [Column("problems", 10, lambda m, e, k: ",".join(map(str, m["problems"])) if k == 0 else "")]
+        if cfg.problems_per_step > 1 else [])
 
 
 def table_columns(extras=()) -> list[tuple[str, int]]:
-    return COLUMNS[:-1] + [c for c in EXTRA_COLUMNS if c[0] in extras] + COLUMNS[-1:]
-
-
-def table_extras(cfg: Config) -> list[str]:
-    """The extra columns of a run, decided once from its settings (run passes them to every row): the epoch and the
-    clipped fraction with ppo_epochs > 1, the KL with kl_coef, the tokens generated for the step (continuations and
-    branches too) with monte_carlo or tree, the lines the step checker found right, wrong and unknown with steps,
-    the problems the step took with problems_per_step > 1 (then correct/{P x G} counts the step's rollouts). None
-    for the spec's run."""
-    return ((["epoch", "clipped"] if cfg.ppo_epochs > 1 else []) + (["kl"] if cfg.kl_coef else [])
-            + (["generated"] if cfg.credit in SAMPLED_CREDIT else []) + (["lines r/w/?"] if cfg.credit == "steps" else [])
-            + (["problems"] if cfg.problems_per_step > 1 else []))
+    return COLUMNS[:-1] + [(c.name, c.width) for c in extras] + COLUMNS[-1:]
 
 
 def _row(cells: list[str], columns=COLUMNS) -> str:
@@ -3098,16 +2884,7 @@ def format_row(m: dict, extras=(), header_rollouts: int = 0) -> str:
     for k, e in enumerate(m.get("epochs", [m])):
         cells = [str(m["step"]), *(group if k == 0 else [""] * 4), _fixed(float(e["policy_loss"]), 6),
                  _fixed(float(e["grad_norm"]), 3), "skipped" if e["update_norm"] is None else f"{e['update_norm']:.3e}"]
-        if "epoch" in extras:
-            cells += [str(e["epoch"]), f"{e['clipped_fraction']:.3f}"]
-        if "kl" in extras:
-            cells.append(f"{e['kl']:.3e}")
-        if "generated" in extras:
-            cells.append(f"{m['generated_tokens']:>5d}" if k == 0 else "")
-        if "lines r/w/?" in extras:  # credit=steps: the lines the checker found right, wrong, unknown
-            cells.append(f"{m['lines_right']}/{m['lines_wrong']}/{m['lines_unknown']}" if k == 0 else "")
-        if "problems" in extras:
-            cells.append(",".join(map(str, m["problems"])) if k == 0 else "")
+        cells += [c.cell(m, e, k) for c in extras]
         lines.append(_row(cells + [f"{m['seconds']:.1f}" if k == 0 else ""], columns))
     return "\n".join(lines)
 
@@ -3578,7 +3355,7 @@ def token_figure(records: list[dict]):
     title = (f"step {rec['step']}, problem {rec['problem_index']}, rollout {rec['rollout']}: reward {rec['reward']:g}, "
              f"advantage {rec['advantage']:+.3f}\nbackground: the change of each token's log-probability over the "
              f"step\nmean change inside the last \\boxed{{}}: {mean(inside)}; elsewhere: {mean(outside)}")
-    return text_figure(token_lines(rec["tokens"], change, 96), title, "log-probability after - before")
+    return text_figure(wrapped_tokens(rec["tokens"], change, 96), title, "log-probability after - before")
 
 
 def credit_figure(records: list[dict]):
@@ -3591,7 +3368,7 @@ def credit_figure(records: list[dict]):
     for rec in last:
         head = f"#{rec['rollout']} r={rec['reward']:g}: "
         credit = [a * m for a, m in zip(rec["token_advantages"], rec.get("entropy_mask", [1] * len(rec["tokens"])))]
-        body = token_lines(rec["tokens"], credit, 96 - len(head))
+        body = wrapped_tokens(rec["tokens"], credit, 96 - len(head))
         lines += [(0, row, head, 0.0)] + [(x + len(head), y + row, shown, a) for x, y, shown, a in body]
         row += body[-1][1] + 1 if body else 1
     title = (f"step {last[0]['step']}, problem {last[0]['problem_index']}: the group's token advantages\n"
@@ -3601,7 +3378,7 @@ def credit_figure(records: list[dict]):
 
 
 def text_figure(lines: list[tuple[int, int, str, float]], title: str, label: str):
-    """Tokens laid out as lines (token_lines: column, row, text, value), each on a background coloured by its
+    """Tokens laid out as lines (wrapped_tokens: column, row, text, value), each on a background coloured by its
     value on a symmetric blue-white-red scale, the title above, the colour bar below."""
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import RendererAgg
@@ -3649,7 +3426,7 @@ def answer_changes(tokens: list[str], change: list[float]) -> tuple[list[float],
     return [c for c, b in zip(change, in_box) if b], [c for c, b in zip(change, in_box) if not b]
 
 
-def token_lines(tokens: list[str], change: list[float], cols: int) -> list[tuple[int, int, str, float]]:
+def wrapped_tokens(tokens: list[str], change: list[float], cols: int) -> list[tuple[int, int, str, float]]:
     """(column, row, text shown, change) of each token, rows wrapped at `cols` characters."""
     lines, x, y = [], 0, 0
     for piece, c in zip(tokens, change):
@@ -3787,14 +3564,11 @@ def evaluate_batch(model, tokenizer, problems: list[dict], batch: list[int], rec
     k, device = cfg.eval_samples, next(model.parameters()).device
     rows = [(i, s) for i in batch for s in range(k)]
     prompt = {i: torch.tensor(problems[i]["prompt_ids"], device=device) for i in batch}
-    if k == 1:
-        pick, streams = greedy_pick, []
-    else:
-        streams = [torch.Generator(device=device).manual_seed(
-            stream_seed(cfg.seed, "eval", problems[i]["index"], s)) for i, s in rows]
-        pick = sampling_pick(streams, cfg.eval_temperature, cfg.eval_top_p, device)
-    responses, cut = compiled_or_eager(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens,
-                                       eos_id, pick, amp, cfg, streams, "eval", width, decoders)
+    streams = [torch.Generator(device=device).manual_seed(stream_seed(cfg.seed, "eval", problems[i]["index"], s))
+               for i, s in rows] if k > 1 else None  # greedy: no stream
+    responses, cut = sample(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens, eos_id, amp, cfg, streams,
+                            None if k == 1 else (cfg.eval_temperature, cfg.eval_top_p), use="eval",
+                            decoders=decoders, rows=width)
     texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
     scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
     for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):

@@ -343,12 +343,12 @@ def tree_siblings(folder: Path, tokenizer) -> str | None:
     cfg = yaml.safe_load((folder / "run_config.yaml").read_text())
     if cfg.get("credit") != "tree":
         return None
-    levels = T.tree_levels(str(cfg["tree_branching"]))
+    levels = T.credit.tree_levels(str(cfg["tree_branching"]))
     rollouts = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    paths = T.leaf_paths(levels)
+    paths = T.credit.leaf_paths(levels)
     same = [0] * len(levels)
-    parents = [len(T.leaf_paths(levels[:k])) * len(metrics) for k in range(len(levels))]
+    parents = [len(T.credit.leaf_paths(levels[:k])) * len(metrics) for k in range(len(levels))]
     by_segment: dict[int, int] = {}
     for step in sorted({r["step"] for r in rollouts}):
         group = sorted((r for r in rollouts if r["step"] == step), key=lambda r: r["rollout"])

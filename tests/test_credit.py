@@ -2,6 +2,7 @@
 numbers for segments, values and token advantages, the entropy mask, the settings' checks, and runs through
 main() and torchrun. The spec's run is unchanged by all of it (tests/test_variants.py's fixture)."""
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -16,11 +17,35 @@ from conftest import ROOT
 from run_helpers import main_args, one_line_error
 
 
+class _Trainer(SimpleNamespace):
+    """A trainer's stand-in whose credit method is chosen from its settings as they are now (credit.method)."""
+    @property
+    def credit_method(self):
+        return C.method(self.cfg, self.cfg.step_checker)
+
+
 def _trainer(**settings):
     cfg = T.Config(device="cpu", **settings)
     tok = SimpleNamespace(decode=lambda ids, **kw: "".join(f"<{i}>" for i in ids))
-    return SimpleNamespace(cfg=cfg, tokenizer=tok, device=torch.device("cpu"), precision="fp32", model=None,
-                           scorer=None, eos_id=0, decoders=T.Decoders())
+    return _Trainer(cfg=cfg, tokenizer=tok, device=torch.device("cpu"), precision="fp32", model=None, scorer=None,
+                    eos_id=0, decoders=T.Decoders(), warned=set())
+
+
+def _grow(model, tok, prompt, cfg, eos_id, draw, share_prompt=True):
+    """The tree of credit=tree as a run grows it: credit.grow_tree with the trainer's tools (its sampler)."""
+    t = _Trainer(cfg=cfg, tokenizer=tok, device=torch.device("cpu"), precision="fp32", model=model, scorer=None,
+                 eos_id=eos_id, decoders=T.Decoders(), warned=set())
+    return C.grow_tree(t.credit_method, prompt, draw, T.credit_tools(1, prompt, {}, draw, t, share_prompt))
+
+
+def _continuations(prompt, responses, starts, draw, problem, rows, t, share_prompt=True):
+    """monte_carlo's continuation values of the responses in `rows`, as a run samples them."""
+    tools = dataclasses.replace(T.credit_tools(1, prompt, problem, draw, t, share_prompt), rows=rows)
+    return C.continuation_values(t.credit_method, responses, starts, draw, tools)
+
+
+def _warn_copies(step, tree, t):
+    T.credit_tools(step, None, {}, 0, t).warn("tree copies", C.tree_copies_warning(t.credit_method, tree))
 
 
 def _group(rewards, tokens, tree=None, draw=3):
@@ -53,7 +78,7 @@ def _tree():
     # levels 2, 2: leaves (0,0) (0,1) (1,0) (1,1); node (0,) is tokens 0-2 of leaves 0 and 1, node (1,) tokens 0-1
     # of leaves 2 and 3; node (1,) ended at EOS, so leaves 2 and 3 are its copies (one segment each)
     leaves = [[5, 6, 7, 8, 0], [5, 6, 7, 9, 9, 0], [4, 0], [4, 0]]
-    return T.Tree(leaves, [False] * 4, [[0, 3], [0, 3], [0], [0]], generated=11)
+    return C.Tree(leaves, [False] * 4, [[0, 3], [0, 3], [0], [0]], generated=11)
 
 
 def test_a_hand_built_tree_gives_its_node_values_and_trains_a_shared_token_once():
@@ -100,8 +125,8 @@ def test_a_hand_built_trees_token_advantages_are_the_raw_changes_of_value_by_def
 def _tree_222(first_level=((10,), (20,))):
     """A 2,2,2 tree of one token a segment: leaf (a, b, c) is [first_level[a], 30 + 10 a + b, 100 + 4 a + 2 b + c]
     + EOS, its segments [0, 1, 2]."""
-    leaves = [[*first_level[a], 30 + 10 * a + b, 100 + 4 * a + 2 * b + c, 0] for a, b, c in T.leaf_paths([2, 2, 2])]
-    return T.Tree(leaves, [False] * 8, [[0, len(first_level[0]), len(first_level[0]) + 1]] * 8, generated=20)
+    leaves = [[*first_level[a], 30 + 10 * a + b, 100 + 4 * a + 2 * b + c, 0] for a, b, c in C.leaf_paths([2, 2, 2])]
+    return C.Tree(leaves, [False] * 8, [[0, len(first_level[0]), len(first_level[0]) + 1]] * 8, generated=20)
 
 
 def test_per_leaf_weighting_gives_each_depths_node_its_share_of_the_leaves():
@@ -154,11 +179,11 @@ def test_a_tree_whose_responses_end_before_its_last_level_says_how_many_are_copi
     once a run; a tree whose every leaf reaches the last level says nothing."""
     t = _trainer(group_size=4, credit="tree", tree_branching="2,2", credit_segment_tokens=3)
     t.warned = set()
-    whole = T.Tree([[5, 6, 7, 8, 0], [5, 6, 7, 9, 0], [4, 3, 2, 1, 0], [4, 3, 2, 2, 0]], [False] * 4, [[0, 3]] * 4, 10)
-    T.warn_tree_copies(1, whole, t)
+    whole = C.Tree([[5, 6, 7, 8, 0], [5, 6, 7, 9, 0], [4, 3, 2, 1, 0], [4, 3, 2, 2, 0]], [False] * 4, [[0, 3]] * 4, 10)
+    _warn_copies(1, whole, t)
     assert capsys.readouterr().err == ""
-    T.warn_tree_copies(2, _tree(), t)
-    T.warn_tree_copies(3, _tree(), t)
+    _warn_copies(2, _tree(), t)
+    _warn_copies(3, _tree(), t)
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["warning: step 2: credit=tree: the group holds 3 distinct responses of 4: of the responses that "
                    "ended before the tree's last level (2 levels of at most credit_segment_tokens=3 tokens), whose "
@@ -172,7 +197,7 @@ def test_the_tree_copies_warning_names_max_new_tokens_where_the_responses_reache
     t = _trainer(group_size=8, credit="tree", tree_branching="2,2,2", credit_segment_tokens=1, max_new_tokens=2)
     t.warned = set()
     leaves = [[5, 6], [5, 6], [5, 7], [5, 7], [4, 6], [4, 6], [4, 8], [4, 8]]
-    T.warn_tree_copies(1, T.Tree(leaves, [True] * 8, [[0, 1]] * 8, 6), t)
+    _warn_copies(1, C.Tree(leaves, [True] * 8, [[0, 1]] * 8, 6), t)
     err = capsys.readouterr().err
     assert "the group holds 4 distinct responses of 8" in err
     assert ("whose copies fill the other leaves, 4 reached max_new_tokens=2 (raise max_new_tokens, or use fewer "
@@ -180,7 +205,7 @@ def test_the_tree_copies_warning_names_max_new_tokens_where_the_responses_reache
     assert "credit_segment_tokens," not in err
     # at 1 token a segment, responses that ended with EOS: fewer levels, not shorter segments
     t.warned = set()
-    T.warn_tree_copies(1, T.Tree([[5, 0]] * 4 + [[4, 0]] * 4, [False] * 8, [[0, 1]] * 8, 4), t)
+    _warn_copies(1, C.Tree([[5, 0]] * 4 + [[4, 0]] * 4, [False] * 8, [[0, 1]] * 8, 4), t)
     assert ("whose copies fill the other leaves, 4 ended with EOS after at most 2 tokens (use fewer levels, or "
             "credit=sequence) (said once a run)") in capsys.readouterr().err
 
@@ -231,7 +256,8 @@ def test_a_groups_continuations_count_among_the_steps_generated_tokens_when_it_i
     aside, trained = slot(4, [12, 12], 40, True), slot(5, [10, 8], 30, False)
     aside.first, trained.set_aside = None, [aside]
     epoch = dict(epoch=1, policy_loss=0.0, grad_norm=1.0, update_norm=0.1, learning_rate=1e-5)
-    record = T.step_report(2, [trained], cfg, [epoch], T.Stopwatch(torch.device("cpu")))
+    t = SimpleNamespace(cfg=cfg, credit_method=C.method(cfg))
+    record = T.step_report(2, [trained], t, [epoch], T.Stopwatch(torch.device("cpu")))
     assert record.metrics["generated_tokens"] == 70 and record.metrics["problems_drawn"] == 2
     assert [r["set_aside"] for r in record.rollouts[:2]] == [True, True] and "set_aside" not in record.rollouts[2]
 
@@ -255,15 +281,15 @@ def test_the_tree_is_sampled_level_by_level_with_a_stream_per_node(tiny_model):
     cfg = T.Config(group_size=4, credit="tree", tree_branching="2,2", credit_segment_tokens=3, max_new_tokens=8,
                    temperature=1.0, device="cpu")
     prompt = torch.tensor([5, 17, 33, 100, 7])
-    tree = T.generate_tree(model, tok, prompt, cfg, -1, 1, T.nullcontext())
+    tree = _grow(model, tok, prompt, cfg, -1, 1)
     assert len(tree.leaves) == 4 and all(len(r) == 8 for r in tree.leaves) and all(tree.cut)
     first = [s[1] for s in tree.segments]
     assert tree.leaves[0][:first[0]] == tree.leaves[1][:first[1]] and tree.leaves[2][:first[2]] == \
         tree.leaves[3][:first[3]]
     assert tree.leaves[0][:first[0]] != tree.leaves[2][:first[2]]  # another branch at the root
     assert tree.generated == sum(first[::2]) + 4 * 8 - sum(first)  # each node's tokens sampled once
-    assert T.generate_tree(model, tok, prompt, cfg, -1, 1, T.nullcontext()) == tree
-    assert T.generate_tree(model, tok, prompt, cfg, -1, 2, T.nullcontext()) != tree  # another draw
+    assert _grow(model, tok, prompt, cfg, -1, 1) == tree
+    assert _grow(model, tok, prompt, cfg, -1, 2) != tree  # another draw
 
 
 def test_a_first_level_node_is_cut_at_its_line_end_and_the_dropped_token_is_counted(monkeypatch):
@@ -280,7 +306,7 @@ def test_a_first_level_node_is_cut_at_its_line_end_and_the_dropped_token_is_coun
         first = len(prompts[0]) == 2
         return [torch.tensor([7, 1, 8] if first else [9] * max_new) for _ in prompts], [False] * len(prompts)
     monkeypatch.setattr(T, "decode", decode)
-    tree = T.generate_tree(None, tok, torch.tensor([5, 17]), cfg, 0, 1, T.nullcontext(), share_prompt=False)
+    tree = _grow(None, tok, torch.tensor([5, 17]), cfg, 0, 1, share_prompt=False)
     assert calls == [([[5, 17]] * 2, 3), ([[5, 17, 7, 1]] * 4, 6)]
     assert tree.leaves == [[7, 1, 9, 9, 9, 9, 9, 9]] * 4 and tree.cut == [True] * 4
     assert tree.segments == [[0, 2]] * 4 and tree.generated == 30
@@ -298,10 +324,10 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
     t = _trainer(group_size=2, credit="monte_carlo", credit_segment_tokens=2, credit_scale="group")
     seen = {}
 
-    def values(step, prompt_ids, responses, starts, draw, problem, mine, t):
-        seen.update(starts=starts, draw=draw, mine=list(mine))
+    def values(method, responses, starts, draw, tools):
+        seen.update(starts=starts, draw=draw, mine=list(tools.rows))
         return [[0.25, 0.75], []], 12
-    monkeypatch.setattr(T, "continuation_values", values)
+    monkeypatch.setattr(C, "continuation_values", values)
     monkeypatch.setattr(C, "segment_starts", lambda pieces, limit: [0, 2, 4] if len(pieces) == 5 else [0])
     responses = [torch.tensor([5, 6, 7, 8, 0]), torch.tensor([9, 0])]
     group = _group([1.0, 0.0], [5, 2])
@@ -313,12 +339,12 @@ def test_monte_carlo_values_come_from_each_cuts_continuations(monkeypatch):
     assert credit.token_advantages[0] == pytest.approx([-0.25 / s] * 2 + [0.5 / s] * 2 + [0.25 / s], rel=1e-6)
     assert credit.token_advantages[1] == pytest.approx([adv[1].item()] * 2, rel=1e-6)
     assert credit.generated == 7 + 12
-    monkeypatch.setattr(T, "continuation_values", lambda *a: ([[0.5, 1.0], []], 0))  # the first segment: no change
+    monkeypatch.setattr(C, "continuation_values", lambda *a: ([[0.5, 1.0], []], 0))  # the first segment: no change
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
     assert credit.token_advantages[0][:2] == [0.0, 0.0]
     # credit_scale raw: the changes of value themselves, -0.25, +0.5, +0.25, and response 1's -0.5 (its A_i)
     t.cfg.credit_scale = "raw"
-    monkeypatch.setattr(T, "continuation_values", lambda *a: ([[0.25, 0.75], []], 0))
+    monkeypatch.setattr(C, "continuation_values", lambda *a: ([[0.25, 0.75], []], 0))
     adv = T.compute_advantages(group.rewards, 1e-4, "none", zero_variance=False)
     credit = T.assign_credit(1, torch.tensor([1]), responses, group, adv, {"answer": "1"}, t)
     assert credit.token_advantages == [[-0.25, -0.25, 0.5, 0.5, 0.25], [-0.5, -0.5]]
@@ -331,7 +357,7 @@ def test_continuation_values_average_the_scored_continuations_of_each_cut(monkey
     t.scorer, t.model = object(), torch.nn.Linear(1, 1)
     calls = []
 
-    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False, prefilled=None):
+    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False, prefilled=None, entropies=None):
         calls.append(([p.tolist() for p in prompts], max_new, prefilled))
         return [torch.tensor([30 + k, 0]) for k in range(len(prompts))], [False] * len(prompts)
     monkeypatch.setattr(T, "decode", decode)
@@ -342,8 +368,8 @@ def test_continuation_values_average_the_scored_continuations_of_each_cut(monkey
     monkeypatch.setattr(T, "stream_seed", lambda seed, *key: seeds.append(key) or 1)
     monkeypatch.setattr(T, "score_rollouts", lambda scorer, texts, gold: [
         T.Score(0.0 if "<30>" in x else 1.0, None, "wrong") for x in texts])
-    values, sampled = T.continuation_values(1, torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])],
-                                            [[0, 2, 4]], 3, {"answer": "1"}, range(1, 2), t)
+    values, sampled = _continuations(torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])], [[0, 2, 4]], 3,
+                                     {"answer": "1"}, range(1, 2), t)
     assert calls == [[1], ([[1, 5, 6]] * 2 + [[1, 5, 6, 7, 8]] * 2, 4, (("P",), [[5, 6]] * 2 + [[5, 6, 7, 8]] * 2))]
     assert seeds == [("continuation", 3, 1, 1, 0), ("continuation", 3, 1, 1, 1), ("continuation", 3, 1, 2, 0),
                      ("continuation", 3, 1, 2, 1)]
@@ -370,19 +396,19 @@ def test_continuation_values_score_with_the_format_bonus_and_the_reward_function
     t.model = torch.nn.Linear(1, 1)
     t.scorer = _Scorer((1.0, "1", "correct"))
 
-    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False, prefilled=None):  # room 4 after
+    def decode(model, prompts, max_new, eos, pick, amp, drop_finished=False, prefilled=None, entropies=None):
         return [torch.tensor([40, 41, 42, 43] if len(p) == 3 else [50, 0]) for p in prompts], [False] * len(prompts)
     monkeypatch.setattr(T, "decode", decode)
     monkeypatch.setattr(T, "shared_prompt_state", lambda *a: ("P",))
     monkeypatch.setattr(T, "after_prompt", lambda *a: None)
-    args = (1, torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])], [[0, 2, 4]], 3, {"answer": "1"}, range(1, 2))
-    assert T.continuation_values(*args, t) == ([[1.0, 1.5]], 12)
+    args = (torch.tensor([1]), [torch.tensor([5, 6, 7, 8, 0])], [[0, 2, 4]], 3, {"answer": "1"}, range(1, 2))
+    assert _continuations(*args, t) == ([[1.0, 1.5]], 12)
     t = _trainer(group_size=2, credit="monte_carlo", credit_samples=2, max_new_tokens=6,
                  reward_function="reward.py:score", reward_weights="1,0.25")
     t.model = torch.nn.Linear(1, 1)
     t.scorer = _Scorer((0.0, "1", "wrong", 1.0))
-    args = (*args[:5], {"answer": "1", "record": {"id": 7}}, *args[6:])
-    assert T.continuation_values(*args, t) == ([[0.25, 0.25]], 12)
+    args = (*args[:4], {"answer": "1", "record": {"id": 7}}, *args[5:])
+    assert _continuations(*args, t) == ([[0.25, 0.25]], 12)
     assert t.scorer.records == [{"id": 7}] * 4
 
 
@@ -390,7 +416,7 @@ def test_a_response_shorter_than_one_segment_has_the_spec_credit_only_at_the_gro
     """No cut in any response (2 to 4 tokens, segments of 32): each token's change of value is r_i - mean(r), which
     credit_scale group scales to the spec's A_i exactly as the settings page says; the default whitens those changes
     over the group's 11 tokens (0.75 twice, -0.25 nine times; mean -0.06818, sample std 0.40452): other numbers."""
-    monkeypatch.setattr(T, "continuation_values", lambda *a: ([[] for _ in range(4)], 0))
+    monkeypatch.setattr(C, "continuation_values", lambda *a: ([[] for _ in range(4)], 0))
     responses = [torch.tensor([5, 0]), torch.tensor([6, 7, 0]), torch.tensor([8, 0]), torch.tensor([9, 10, 11, 0])]
     group = _group([1.0, 0.0, 0.0, 0.0], [2, 3, 2, 4])
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=False)
@@ -413,9 +439,9 @@ def test_at_two_problems_a_step_each_group_has_its_own_continuations_and_whiteni
     the step's first: 1, 1, 3, 3), and each group's token advantages are whitened over its own tokens (mean 0,
     sample std 1 within each group), as docs/variants.md says."""
     monkeypatch.setattr(T, "score_rollouts", rlvr_driver.by_text)
-    draws, real = [], T.continuation_values
-    monkeypatch.setattr(T, "continuation_values", lambda step, prompt_ids, responses, starts, draw, *rest: (
-        draws.append(draw) or real(step, prompt_ids, responses, starts, draw, *rest)))
+    draws, real = [], C.continuation_values
+    monkeypatch.setattr(C, "continuation_values", lambda method, responses, starts, draw, tools: (
+        draws.append(draw) or real(method, responses, starts, draw, tools)))
     out = tmp_path / "run"
     assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=4", "problems_per_step=2",
                             "learning_rate=1e-3", "credit=monte_carlo", "credit_segment_tokens=2",
@@ -434,9 +460,9 @@ def test_the_entropy_mask_at_two_problems_a_step_reads_each_groups_own_entropies
     """P = 2, top_entropy_quantile 0.5: group 1's entropies, sampled in one batch with group 0's, are those it gets
     alone (not group 0's)."""
     model, tok = tiny_model
-    t = SimpleNamespace(cfg=T.Config(device="cpu", group_size=4, max_new_tokens=6, top_entropy_quantile=0.5),
-                        model=model, tokenizer=tok, device=torch.device("cpu"), precision="fp32", eos_id=0,
-                        decoders=T.Decoders())
+    t = _Trainer(cfg=T.Config(device="cpu", group_size=4, max_new_tokens=6, top_entropy_quantile=0.5),
+                 model=model, tokenizer=tok, device=torch.device("cpu"), precision="fp32", eos_id=0,
+                 decoders=T.Decoders())
     draws = [(k + 1, {"index": k}, torch.tensor(tok(T.build_prompt(T.SPEC_PROMPT, q))["input_ids"]))
              for k, q in enumerate(["What is 9 + 9?", "What is 1000 + 1000 + 1000?"])]
     together = T.sample_groups(1, draws, t)
@@ -466,8 +492,9 @@ def test_the_spec_credit_is_no_credit_and_with_the_entropy_mask_every_token_gets
 
 
 def test_the_spec_credit_calls_nothing_in_credit_py(tiny_model_dir, tiny_data_file, tmp_path, monkeypatch):
-    """credit: sequence (no entropy mask): a run calls no function of credit.py (assign_credit returns None before
-    its door); the entropy mask alone calls credit.assign and entropy_masks (the profiler sees credit.py's calls)."""
+    """credit: sequence (no entropy mask): a run calls no formula of credit.py, only the chosen method's members
+    that say it has nothing to do (assign_credit returns None at once: is_spec); the entropy mask alone calls
+    credit.assign and entropy_masks (the profiler sees credit.py's calls)."""
     import sys
 
     monkeypatch.setattr(T, "score_rollouts", rlvr_driver.by_text)
@@ -483,7 +510,10 @@ def test_the_spec_credit_calls_nothing_in_credit_py(tiny_model_dir, tiny_data_fi
         finally:
             sys.setprofile(None)
         assert code == 0
-        assert called == [] if name == "spec" else {"assign", "entropy_masks"} <= set(called)
+        if name == "spec":
+            assert set(called) == {"setting_checks", "method", "is_spec", "needs_entropies", "grow", "trial", "figures"}
+        else:
+            assert {"assign", "entropy_masks"} <= set(called)
 
 
 def test_the_entropy_mask_keeps_the_top_quantile_of_the_groups_tokens(monkeypatch):
@@ -523,10 +553,9 @@ def test_the_samplers_entropies_are_the_forwards_at_the_position_that_predicts_e
         assert got == pytest.approx(T.entropy_of(logits).tolist(), abs=1e-5)
     # a tree whose first-level nodes are cut at a line end (a token whose id is a multiple of 3), dropping the
     # tokens after it: their entropies go with them
-    tree = T.generate_tree(model, SimpleNamespace(decode=lambda ids: "\n" if ids[0] % 3 == 0 else "x"), prompt,
-                           T.Config(group_size=4, credit="tree", tree_branching="2,2", credit_segment_tokens=4,
-                                    max_new_tokens=8, temperature=1.0, device="cpu"),
-                           -1, 1, T.nullcontext(), record_entropies=True)
+    tree = _grow(model, SimpleNamespace(decode=lambda ids: "\n" if ids[0] % 3 == 0 else "x"), prompt,
+                 T.Config(group_size=4, credit="tree", tree_branching="2,2", credit_segment_tokens=4,
+                          max_new_tokens=8, temperature=1.0, device="cpu", top_entropy_quantile=0.5), -1, 1)
     assert all(len(seg) == 2 for seg in tree.segments)
     firsts = tree.segments[0][1] + tree.segments[2][1]  # the two first-level nodes' kept tokens
     kept = firsts + sum(len(x) - seg[1] for x, seg in zip(tree.leaves, tree.segments))
@@ -551,9 +580,9 @@ def test_the_trees_shared_prompt_pass_gives_the_per_row_trees_tokens(branching, 
     prompt = torch.tensor([5, 17, 33, 100, 7])
     passes, real = [], T.eager_decoder
     monkeypatch.setattr(T, "eager_decoder", lambda *a, **k: passes.append(len(a[1])) or real(*a, **k))
-    shared = T.generate_tree(model, tok, prompt, cfg, -1, 3, T.nullcontext())
+    shared = _grow(model, tok, prompt, cfg, -1, 3)
     assert passes == []
-    per_row = T.generate_tree(model, tok, prompt, cfg, -1, 3, T.nullcontext(), share_prompt=False)
+    per_row = _grow(model, tok, prompt, cfg, -1, 3, share_prompt=False)
     assert len(passes) == len(branching.split(","))  # one batched prompt + parent pass per depth
     assert shared == per_row and len(shared.leaves) == size
     assert len({tuple(leaf[:seg[1]]) for leaf, seg in zip(shared.leaves, shared.segments) if len(seg) > 1}) > 1
@@ -574,12 +603,12 @@ def test_the_continuations_shared_prompt_pass_gives_the_per_row_continuations(ti
     passes, real = [], T.eager_decoder
     monkeypatch.setattr(T, "eager_decoder", lambda *a, **k: passes.append(len(a[1])) or real(*a, **k))
     responses = [torch.tensor([7, 8, 9, 10, 11, 12]), torch.tensor([20, 21, 22, 23]), torch.tensor([30, 31, 32, 33, 34])]
-    args = (1, torch.tensor([5, 17, 33, 100, 7]), responses, [[0, 2, 4], [0, 1, 3], [0, 3, 4]], 3, {"answer": "1"},
+    args = (torch.tensor([5, 17, 33, 100, 7]), responses, [[0, 2, 4], [0, 1, 3], [0, 3, 4]], 3, {"answer": "1"},
             range(0, 3))
-    shared = T.continuation_values(*args, t)
+    shared = _continuations(*args, t)
     shared_texts, texts[:] = list(texts), []
     assert passes == []
-    per_row = T.continuation_values(*args, t, share_prompt=False)
+    per_row = _continuations(*args, t, share_prompt=False)
     assert passes == [8, 4]
     assert texts == shared_texts and per_row == shared and shared[1] == 2 * (10 + 8 + 11 + 9 + 9 + 8)
     assert len(set(texts)) == 12  # each row its own stream: no two continuations alike
@@ -589,7 +618,7 @@ def test_a_zero_variance_group_keeps_every_advantage_zero_and_samples_no_continu
         monkeypatch):
     """credit_scale group (the spec's scale, 0 in a zero-variance group): no continuation, every A_it 0."""
     t = _trainer(group_size=2, credit="monte_carlo", credit_scale="group")
-    monkeypatch.setattr(T, "continuation_values", lambda *a: pytest.fail("continuations of a zero-variance group"))
+    monkeypatch.setattr(C, "continuation_values", lambda *a: pytest.fail("continuations of a zero-variance group"))
     group = _group([1.0, 1.0], [3, 2])
     adv = T.compute_advantages(group.rewards, 1e-4, zero_variance=True)
     credit = T.assign_credit(1, torch.tensor([1]), [torch.tensor([5, 6, 0]), torch.tensor([9, 0])], group, adv,
@@ -603,7 +632,7 @@ def test_monte_carlo_credits_a_right_first_line_in_an_all_wrong_group(monkeypatc
     response 1's 0: a gradient (credit.all_zero() False), where the spec's credit has none. Whitened (auto, VinePPO's):
     over the 8 tokens .5 .5 -.5 -.5 -.5 0 0 0, mean -0.0625, sample std 0.41726: +0.5 -> 0.5625 / 0.41736 = 1.34775."""
     t = _trainer(group_size=2, credit="monte_carlo", credit_segment_tokens=2, credit_scale="raw")
-    monkeypatch.setattr(T, "continuation_values", lambda *a, **k: ([[0.5], [0.0]], 16))
+    monkeypatch.setattr(C, "continuation_values", lambda *a, **k: ([[0.5], [0.0]], 16))
     monkeypatch.setattr(C, "segment_starts", lambda pieces, limit: [0, 2])
     responses = [torch.tensor([5, 6, 7, 8, 0]), torch.tensor([9, 10, 0])]
     group = _group([0.0, 0.0], [5, 3])
@@ -734,3 +763,45 @@ def test_zero_variance_skip_keeps_the_monte_carlo_gradient_of_a_zero_variance_gr
                      for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
     assert all(std == 0 and grad > 0 for std, grad, _ in runs["step"])
     assert runs["skip"] == runs["step"]
+
+
+def test_a_new_credit_method_is_its_class_in_credit_py_and_nothing_in_the_trainer(tiny_model_dir, tiny_data_file,
+                                                                                   tmp_path, monkeypatch, capsys):
+    """A toy method added here alone, no line of the trainer changed: `last` gives response i's A_i to its last
+    token only; its column `last` and its figure `last_trained` count the responses whose last token it trains.
+    The run's rollouts carry its token advantages, its metrics the figure, its table the column."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    @dataclass
+    class Last(C.Sequence):
+        name: ClassVar[str] = "last"
+        columns: ClassVar[tuple] = (("last", 6),)
+
+        def assign(self, responses, group, advantages, tools):
+            token_advantages = [[0.0] * (n - 1) + [float(a)] for a, n in zip(advantages, group.tokens)]
+            return C.Credit(token_advantages, [[0]] * len(token_advantages), [[0.0, 0.0]] * len(token_advantages),
+                            None, sum(group.tokens))
+
+        def figures(self, trained, aside):
+            return {"last_trained": sum(a[-1] != 0 for c in trained if c for a in c.token_advantages)}
+
+        def cells(self, m):
+            return [str(m["last_trained"])]
+    monkeypatch.setitem(C.METHODS, "last", Last)
+    monkeypatch.setattr(T, "score_rollouts", rlvr_driver.by_text)
+    out = tmp_path / "run"
+    assert T.main(main_args(tiny_model_dir, tiny_data_file, out, "num_problems=3", "learning_rate=1e-3",
+                            "credit=last")) == 0
+    table = capsys.readouterr().out.splitlines()
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert table[0].split()[-2:] == ["last", "seconds"]
+    for m in metrics:
+        group = [r for r in rollouts if r["step"] == m["step"]]
+        assert all(r["token_advantages"] == [0.0] * (r["tokens"] - 1) + [pytest.approx(r["advantage"])]
+                   for r in group)
+        assert m["last_trained"] == sum(r["advantage"] != 0 for r in group)
+        assert next(line for line in table if line.split()[:1] == [str(m["step"])]).split()[-2] == \
+            str(m["last_trained"])
+    assert any(m["last_trained"] for m in metrics) and any(m["grad_norm"] > 0 for m in metrics)

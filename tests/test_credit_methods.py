@@ -499,7 +499,7 @@ def _steps_run(folder, steps, p=1):
         credits = [SimpleNamespace(verdicts=[r["line_verdicts"] for r in g], failed=0) for g in groups]
         credits[0].failed = step.get("failed", 0)
         m = {"step": n, "problem_index": groups[0][0]["problem_index"], "group_size": len(groups[0]),
-             "correct": sum(correct), "grad_norm": step["grad"], **T.line_figures(credits)}
+             "correct": sum(correct), "grad_norm": step["grad"], **T.credit.line_figures(credits)}
         if p > 1:
             m["problems"] = [g[0]["problem_index"] for g in groups]
             m["groups"] = [{"problem_index": g[0]["problem_index"], "group_size": len(g), "correct": c}

@@ -21,7 +21,8 @@ def _trainer(model, tok, **settings):
     cfg = T.Config(device="cpu", group_size=4, max_new_tokens=6, **settings)
     params = [p for p in model.parameters() if p.requires_grad]
     return SimpleNamespace(cfg=cfg, model=model, tokenizer=tok, params=params, device=torch.device("cpu"),
-                           precision="fp32", eos_id=0, decoders=T.Decoders(), reference=None, warned=set())
+                           precision="fp32", eos_id=0, decoders=T.Decoders(), reference=None, warned=set(),
+                           credit_method=T.credit.method(cfg))
 
 
 def _slot(prompt, responses, rewards):

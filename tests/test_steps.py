@@ -74,8 +74,9 @@ def test_an_all_wrong_group_that_differs_at_line_2_has_a_gradient_on_line_2_alon
     def check_steps(lines, record, problem=""):
         checks.append((lines, record, problem))
         return [True, True, line2[lines[2]]], "ok"
-    t = SimpleNamespace(cfg=T.Config(group_size=4, credit="steps"), tokenizer=tok, device=torch.device("cpu"),
-                        scorer=SimpleNamespace(check_steps=check_steps), warned=set())
+    cfg = T.Config(group_size=4, credit="steps")
+    t = SimpleNamespace(cfg=cfg, tokenizer=tok, device=torch.device("cpu"), precision="fp32", eos_id=0, model=None,
+                        scorer=SimpleNamespace(check_steps=check_steps), warned=set(), credit_method=C.method(cfg))
     r = torch.zeros(4)
     group = T.Group(texts, [T.Score(0.0, None, "wrong")] * 4, [len(x) for x in responses], [False] * 4, r, True)
     adv = T.compute_advantages(r, EPS, zero_variance=True)
@@ -99,8 +100,9 @@ def _char_group(texts, cut, rewards, check):
     def check_steps(lines, record, problem=""):
         calls.append(list(lines))
         return check(lines), "ok"
-    t = SimpleNamespace(cfg=T.Config(group_size=len(texts), credit="steps"), tokenizer=tok, device=torch.device("cpu"),
-                        scorer=SimpleNamespace(check_steps=check_steps), warned=set())
+    cfg = T.Config(group_size=len(texts), credit="steps")
+    t = SimpleNamespace(cfg=cfg, tokenizer=tok, device=torch.device("cpu"), precision="fp32", eos_id=0, model=None,
+                        scorer=SimpleNamespace(check_steps=check_steps), warned=set(), credit_method=C.method(cfg))
     r = torch.tensor(rewards, dtype=torch.float32)
     group = T.Group(texts, [T.Score(float(x), None, "correct" if x else "wrong") for x in rewards],
                     [len(x) for x in responses], cut, r, T.equal_rewards(r))
@@ -477,7 +479,7 @@ def test_the_line_figures_of_a_step_with_two_groups():
     one is checked, one with none checked is not (2 of 5 responses); one check failed."""
     credits = [SimpleNamespace(verdicts=[[None, True], [None, None], [False, True]], failed=0),
                SimpleNamespace(verdicts=[[True, None, False], [None]], failed=1)]
-    assert T.line_figures(credits) == dict(lines_checked=5, lines_right=3, lines_wrong=2, lines_unknown=5,
+    assert C.line_figures(credits) == dict(lines_checked=5, lines_right=3, lines_wrong=2, lines_unknown=5,
                                            responses_unchecked=0.4, step_checker_failures=1)
 
 
@@ -514,8 +516,8 @@ def test_a_step_checkers_file_is_found_from_the_folder_the_run_starts_in(tmp_pat
     file by another path (./ck.py, its absolute path) names the same checker, another file does not."""
     (tmp_path / "ck.py").write_text("def f(lines, record):\n    return [None] * len(lines)\n")
     monkeypatch.chdir(tmp_path)
-    assert T.step_checker_spec(T.Config(credit="steps", step_checker="ck.py:f")) == (str(tmp_path / "ck.py"), "f")
-    assert T.step_checker_spec(T.Config(credit="steps")) == "arithmetic"
+    assert T.user_function("ck.py:f") == (str(tmp_path / "ck.py"), "f") and T.user_function("arithmetic") == "arithmetic"
+    assert C.method(T.Config(credit="steps"), T.user_function("ck.py:f")).checker == (str(tmp_path / "ck.py"), "f")
     assert T.same_setting("step_checker", "./ck.py:f", f"{tmp_path}/ck.py:f")
     assert not T.same_setting("step_checker", "ck.py:f", "ck.py:g") and not T.same_setting("step_checker", "a.py:f",
                                                                                              "ck.py:f")
@@ -544,7 +546,9 @@ def test_the_lines_column_is_on_a_steps_first_epoch_row_alone():
     e = dict(policy_loss=0.5, grad_norm=1.0, update_norm=0.01, clipped_fraction=0.0)
     m = dict(step=3, group_size=4, correct=0, reward_mean=0.0, reward_std=0.0, response_tokens=40, seconds=1.5,
              lines_right=3, lines_wrong=1, lines_unknown=2, epochs=[dict(e, epoch=1), dict(e, epoch=2)])
-    first, second = T.format_row(m, ["epoch", "clipped", "lines r/w/?"]).splitlines()
+    extras = T.table_extras(T.Config(ppo_epochs=2, credit="steps"))
+    assert [c.name for c in extras] == ["epoch", "clipped", "lines r/w/?"]
+    first, second = T.format_row(m, extras).splitlines()
     assert first.split()[-2:] == ["3/1/2", "1.5"] and second.split()[-3:] == ["1.000e-02", "2", "0.000"]
 
 
