@@ -1746,16 +1746,22 @@ def available_memory(device: torch.device) -> int:
 def sample(model, prompts: list[torch.Tensor], room: int, eos_id: int, amp, cfg: Config, streams: list | None = None,
            rule: tuple[float, float] | None = None, *, prefixes: list[torch.Tensor] | None = None, prompt_state=None,
            use: str | None = None, decoders: Decoders | None = None, rows: int | None = None,
-           entropies: list | None = None) -> tuple[list[torch.Tensor], list[bool]]:
+           entropies: list | None = None, common_prefix: bool = False) -> tuple[list[torch.Tensor], list[bool]]:
     """The one sampler: the rollouts, the credit methods' continuations and branches, and evaluation call it. Row i
     continues prompts[i] by at most `room` tokens, each drawn with the rule (temperature, top_p) from streams[i]
     (sampling_pick), or greedily (rule None); sampling comes from these arguments alone (no transformers defaults
     or generation_config leak in). With prefixes: the one prompt, then row i's prefix, the prompt's pass run once
     (prompt_state: shared_prompt_state's, reused by every call for the group; None: prompt + prefix for every
     row), ended rows dropped. Otherwise the decode of `use` (rollouts, eval): eager, or with `compile` the
-    StaticDecoder of `decoders` (the same logits in float32). entropies: a list that receives each response token's
-    entropy (decode)."""
+    StaticDecoder of `decoders` (the same logits in float32). common_prefix (evaluation with prompt_pass shared,
+    eager): the prompts' common first tokens (a few-shot prompt's examples) run once, each row then reading its own
+    rest after them, as a prompt and its prefixes (the same tokens up to float rounding). entropies: a list that
+    receives each response token's entropy (decode)."""
     pick = greedy_pick if rule is None else sampling_pick(streams, *rule, prompts[0].device)
+    shared = common_prefix and not compile_decode(cfg, prompts[0].device) and shared_length(prompts)
+    if shared:
+        prompt_state = shared_prompt_state(model, prompts[0][:shared], amp)
+        prompts, prefixes = [prompts[0][:shared]], [p[shared:] for p in prompts]
     if prefixes is not None:
         return decode(model, [torch.cat([prompts[0], p]) for p in prefixes], room, eos_id, pick, amp,
                       drop_finished=True, entropies=entropies,
@@ -1807,6 +1813,16 @@ class Uniforms:
             self.subset = rows, torch.tensor(rows, device=self.block.device)
         at = cols[0] if min(cols) == max(cols) else torch.tensor(cols, device=self.block.device)
         return self.block[self.subset[1], at].unsqueeze(-1)
+
+
+def shared_length(prompts: list[torch.Tensor]) -> int:
+    """How many first tokens every prompt shares, short of the shortest one's last (each row keeps a token of its own
+    to feed after them)."""
+    n = min(len(p) for p in prompts) - 1
+    if n <= 0:
+        return 0
+    same = torch.stack([p[:n] == prompts[0][:n] for p in prompts]).all(0)
+    return int(same.int().cumprod(0).sum())
 
 
 def top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -3568,7 +3584,7 @@ def evaluate_batch(model, tokenizer, problems: list[dict], batch: list[int], rec
                for i, s in rows] if k > 1 else None  # greedy: no stream
     responses, cut = sample(model, [prompt[i] for i, _ in rows], cfg.eval_max_new_tokens, eos_id, amp, cfg, streams,
                             None if k == 1 else (cfg.eval_temperature, cfg.eval_top_p), use="eval",
-                            decoders=decoders, rows=width)
+                            decoders=decoders, rows=width, common_prefix=cfg.prompt_pass == "shared")
     texts = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
     scored = score_responses(scorer, texts, [problems[i]["answer"] for i, _ in rows])
     for (i, s), text, response, was_cut, (reward, answer, status) in zip(rows, texts, responses, cut, scored):

@@ -190,6 +190,34 @@ def test_evaluation_is_the_same_whatever_the_batch_size(tiny_model, samples):
 
 
 @pytest.mark.parametrize("samples", [1, 2])
+def test_with_prompt_pass_shared_evaluation_reads_the_prompts_common_start_once(tiny_model, samples):
+    """Five prompts that share a 40-token few-shot start (then 3, 11, 6, 1 and 8 tokens of their own): with
+    prompt_pass shared each batch runs those 40 once and every row reads only its own rest after them, greedy and
+    sampled: the same responses as the per-row passes (on this model; in general up to float rounding)."""
+    model, tok = tiny_model
+    start = torch.randint(1, 300, (40,), generator=torch.Generator().manual_seed(9)).tolist()
+    problems = [dict(p, prompt_ids=start + p["prompt_ids"]) for p in _eval_problems()]
+    widths = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: widths.append(
+        tuple((args[0] if args else kwargs["input_ids"]).shape)), with_kwargs=True)
+    kw = dict(eval_batch_size=2, eval_samples=samples, eval_temperature=1.0, eval_top_p=0.95)
+    try:
+        spec = _evaluate(model, tok, _eval_cfg(**kw), problems)
+        spec_widths, widths[:] = list(widths), []
+        shared = _evaluate(model, tok, _eval_cfg(prompt_pass="shared", **kw), problems)
+    finally:
+        hook.remove()
+    assert shared == spec and len({r["response"] for r in spec}) > 1
+    # the first batch (the shortest prompts: problems 3 and 0, 41 and 43 tokens): per row, one pass over both
+    # prompts left-padded to 43; shared, the 40 once, then each row's rest (1 and 3 tokens) left-padded to 3
+    assert [w for w in spec_widths if w[1] > 1][:1] == [(2 * samples, 43)]
+    assert [w for w in widths if w[1] > 1][:2] == [(1, 40), (2 * samples, 3)]
+    assert T.shared_length([torch.tensor(start + [5]), torch.tensor(start + [6, 7])]) == 40
+    assert T.shared_length([torch.tensor([5, 6]), torch.tensor([5, 6])]) == 1  # each row keeps its last token
+    assert T.shared_length([torch.tensor([5]), torch.tensor([5, 6])]) == 0
+
+
+@pytest.mark.parametrize("samples", [1, 2])
 def test_compiled_evaluation_gives_the_tokens_of_eager_evaluation(tiny_model, inductor, samples, monkeypatch):
     """compile=true: left-padded batches in a static cache, ended rows fed EOS instead of dropped,
     the last (smaller) batch filled up to the same shape: one compiled graph, and every record
