@@ -1218,10 +1218,10 @@ def reward_checks(cfg: Config) -> list[tuple[str, bool, str]]:
     if not cfg.reward_function:
         return [("reward_weights", not cfg.reward_weights, "empty without a reward_function (it weighs the "
                  "verifier's reward against the function's)")]
-    path, name = reward_file(cfg)
+    path, _, name = cfg.reward_function.rpartition(":")  # a name without a file's path: no ".py" before it
     return [("reward_function", path.endswith(".py") and name.isidentifier(),
              "path/to/file.py:function_name (the function is called as name(response, answer, record) -> float)"),
-            ("reward_function", Path(path).is_file(),
+            ("reward_function", Path(path).expanduser().is_file(),
              f"an existing file: {cfg.reward_function.rpartition(':')[0]} is not one"),
             ("reward_weights", not cfg.reward_weights or reward_weights(cfg.reward_weights) is not None,
              "empty (the function alone) or two finite numbers 'v,f', not both 0: v * the verifier's reward + f * "

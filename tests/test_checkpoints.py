@@ -208,7 +208,8 @@ OTHER_VALUE = {
     "tree_branching": "4", "tree_weighting": "once", "step_checker": "checker.py:check", "step_weight": 2.0,
     "step_mode": "first_error",
     "top_entropy_quantile": 0.5, "token_report": True, "seed": 1, "device": "cuda", "precision": "bf16",
-    "compile": "false", "logprob_batch_size": 2, "bad_records": "skip", "eval_dataset": "someorg/another-test",
+    "compile": "false", "logprob_batch_size": 2, "prompt_pass": "shared", "bad_records": "skip",
+    "eval_dataset": "someorg/another-test",
     "eval_split": "validation", "eval_dataset_config": "main", "eval_answer_format": "plain", "eval_problems": 2,
     "eval_max_new_tokens": 8, "eval_samples": 2, "eval_temperature": 0.5, "eval_top_p": 0.5, "eval_every": 1,
 }

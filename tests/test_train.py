@@ -735,7 +735,7 @@ def test_the_other_precisions_run_end_to_end_on_cpu(tiny_model_dir, tiny_data_fi
     real, compared = T.accumulate_policy_gradient, []
 
     def against_float32(model, params, prompt, responses, adv, group_size, amp, batch_size=1, divisors=None,
-                        terms=None, silent=False, zero=True):
+                        terms=None, silent=False, zero=True, shared=False):
         assert terms.kl_coef == 0 and terms.old is None and terms.masked is None  # the spec's step
         twin = copy.deepcopy(model).float()
         done = real(model, params, prompt, responses, adv, group_size, amp, batch_size, divisors, terms, silent, zero=zero)

@@ -208,22 +208,22 @@ def test_format_reward_enters_the_rewards_but_not_the_correct_count(tiny_model):
               "d": (0.0, "5", "wrong")}
     scorer = SimpleNamespace(score=lambda text, gold, record=None: scores[text])
     cfg = T.Config(group_size=4, format_reward=0.5)
-    t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg)
+    t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg, credit_method=T.credit.method(cfg))
     responses = [torch.tensor(tokenizer.encode(x)) for x in "abcd"]
     group = T.score_group(1, responses, [False, False, False, True], {"answer": "2"}, t)  # d was cut at the limit
     assert group.rewards.tolist() == [1.5, 0.5, 0.0, 0.0]
     adv = T.compute_advantages(group.rewards, cfg.std_eps, zero_variance=group.zero_variance)
-    record = T.step_report(1, [_slot({"index": 0}, group, adv)], cfg, [ONE_EPOCH], T.Stopwatch(torch.device("cpu")))
+    record = T.step_report(1, [_slot({"index": 0}, group, adv)], t, [ONE_EPOCH], T.Stopwatch(torch.device("cpu")))
     metrics, rollouts = record.metrics, record.rollouts
     assert metrics["correct"] == 1 and metrics["reward_mean"] == 0.5
     assert [r["reward"] for r in rollouts] == [1.5, 0.5, 0.0, 0.0]
     # eight formatted wrong answers at w = 0.1: equal rewards whose float32 std is 8e-9, not 0
     scores = {x: (0.0, "3", "wrong") for x in "abcdefgh"}
     cfg = T.Config(group_size=8, format_reward=0.1)
-    t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg)
+    t = SimpleNamespace(tokenizer=tokenizer, scorer=scorer, cfg=cfg, credit_method=T.credit.method(cfg))
     group = T.score_group(2, [torch.tensor(tokenizer.encode(x)) for x in "abcdefgh"], [False] * 8, {"answer": "2"}, t)
     adv = T.compute_advantages(group.rewards, cfg.std_eps, zero_variance=group.zero_variance)
-    metrics = T.step_report(2, [_slot({"index": 1}, group, adv)], cfg, [ONE_EPOCH],
+    metrics = T.step_report(2, [_slot({"index": 1}, group, adv)], t, [ONE_EPOCH],
                             T.Stopwatch(torch.device("cpu"))).metrics
     assert group.zero_variance and group.rewards.std().item() > 0 and not adv.any() and metrics["reward_std"] == 0.0  # a zero-variance group
 
