@@ -553,20 +553,21 @@ def test_the_lines_column_is_on_a_steps_first_epoch_row_alone():
 
 
 def test_a_grounded_steps_run_trains_an_all_wrong_group_on_its_right_line_only(tiny_model_dir, tmp_path, monkeypatch):
-    """step_checker grounded through a run on the tiny model, its sampler scripted: four responses to "Tom has 12
-    apples and buys 30 more", every answer wrong (rewards 0: the spec's credit has no gradient). Line 0 is "12 + 30 =
-    42" (right, grounded) in response 0 and "= 43" (wrong) in the others: z = +0.75 / (0.5 + 1e-4) = +1.4997 and
+    """step_checker grounded through a run on the tiny model, its sampler scripted: four responses to "Tom has 17
+    apples and buys 25 more", every answer wrong (rewards 0: the spec's credit has no gradient). Line 0 is "17 + 25 =
+    42" (right, grounded in the problem's text: neither number is a unit constant) in response 0 and "= 43" (wrong)
+    in the others: z = +0.75 / (0.5 + 1e-4) = +1.4997 and
     -0.25 / (0.5 + 1e-4) = -0.4999 on line 0's tokens; the boxed line and a farmed "13 * 7 = 91" (right arithmetic, numbers from nowhere) are
     unknown and get 0. So the group's gradient is its lines' alone, and no token of a later line moves."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     data = tmp_path / "tom.json"
-    data.write_text(json.dumps([{"problem": "Tom has 12 apples and buys 30 more. How many apples does he have?",
+    data.write_text(json.dumps([{"problem": "Tom has 17 apples and buys 25 more. How many apples does he have?",
                                  "answer": "42"}]))
-    texts = ["He has 12 + 30 = 42 apples.\nSo the answer is \\boxed{41}.",
-             "He has 12 + 30 = 43 apples.\nSo the answer is \\boxed{43}.",
-             "He has 12 + 30 = 43 apples.\nSo the answer is \\boxed{43}.",
-             "He has 12 + 30 = 43 apples.\nThen 13 * 7 = 91.\nSo the answer is \\boxed{43}."]
+    texts = ["He has 17 + 25 = 42 apples.\nSo the answer is \\boxed{41}.",
+             "He has 17 + 25 = 43 apples.\nSo the answer is \\boxed{43}.",
+             "He has 17 + 25 = 43 apples.\nSo the answer is \\boxed{43}.",
+             "He has 17 + 25 = 43 apples.\nThen 13 * 7 = 91.\nSo the answer is \\boxed{43}."]
     script = [tok(x, add_special_tokens=False)["input_ids"] + [0] for x in texts]
     at = {"t": 0}
     real = T.sample_next_token
