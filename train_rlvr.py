@@ -4563,9 +4563,9 @@ def fault_message(error: Exception, phase: str, step: int | None, cfg: Config, p
                 f"{cfg.max_new_tokens} tokens after a {prompt_tokens}-token prompt; lower max_new_tokens "
                 "or group_size, or set precision: bf16")
     if phase == "credit":
-        return (f"CUDA out of memory at step {step} while sampling {rollouts} continuations of up to "
-                f"{cfg.max_new_tokens} tokens after a {prompt_tokens}-token prompt (credit=monte_carlo); lower "
-                "credit_samples, max_new_tokens or group_size")
+        return (f"CUDA out of memory at step {step} in the credit method's own sampling (continuations of up to "
+                f"{cfg.max_new_tokens} tokens after a {prompt_tokens}-token prompt); lower credit_samples, "
+                "max_new_tokens or group_size")
     if phase == "backward":
         return (f"CUDA out of memory at step {step} in the backward pass of a response of up to {longest} "
                 f"tokens after a {prompt_tokens}-token prompt; lower max_new_tokens, set "
