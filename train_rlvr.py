@@ -121,7 +121,7 @@ class Config:
     tree_branching: str = "2,2,2"  # tree: the branches at each level, whose product is group_size
     tree_weighting: str = "leaf"  # tree: leaf (every leaf trains its whole path: unbiased) or once (a node once)
     top_entropy_quantile: float = 1.0  # TRL's: the policy term only on the group's highest-entropy tokens (1: all)
-    step_checker: str = "arithmetic"  # steps: arithmetic or grounded (built in), or path/to/file.py:name (name(lines, record))
+    step_checker: str = "arithmetic"  # steps: arithmetic, grounded (built in) or path/to/file.py:name(lines, record)
     step_weight: float = 1.0  # steps: line k's tokens add step_weight x its standardized verdict (step_mode add)
     step_mode: str = "add"  # steps: add (standardized verdicts added to A_i) or first_error (VPPO's verified prefix)
     token_report: bool = False
@@ -839,7 +839,8 @@ def resample_silent(step: int, slots: list[Slot], candidates: list[dict], draw: 
         pending = []
         for k, s in enumerate(slots):
             if s.silent and later < len(candidates) and len(s.set_aside) + 1 < t.cfg.resample_limit:
-                progress(f"[step {step}] zero-variance group of problem {s.problem['index']} set aside; drawing the next")
+                progress(f"[step {step}] zero-variance group of problem {s.problem['index']} set aside; drawing the "
+                         "next")
                 pending.append(k)
                 later += 1
         if not pending:
@@ -2573,7 +2574,8 @@ def step_could_overflow(optimizer, copies: StepCopies, weights: list[torch.Tenso
     otherwise the step is taken with the state copied and the weights checked (and `largest` measured). Another
     optimizer than AdamW, several parameter groups or betas without the bound (b1^2 >= b2): always checked."""
     group = optimizer.param_groups[0]
-    if type(optimizer) is not torch.optim.AdamW or len(optimizer.param_groups) > 1 or group["amsgrad"] or group["maximize"]:
+    if (type(optimizer) is not torch.optim.AdamW or len(optimizer.param_groups) > 1 or group["amsgrad"]
+            or group["maximize"]):
         return True
     (b1, b2), lr, wd = group["betas"], float(group["lr"]), float(group["weight_decay"])
     if not b1 * b1 < b2:
@@ -2715,7 +2717,8 @@ def step_report(step: int, slots: list[Slot], t: Trainer, epochs: list[dict], cl
     if cfg.zero_variance == "resample" or cfg.problems_per_step > 1:
         metrics["problems_drawn"] = len(set_aside) + len(slots)
     if cfg.zero_variance == "resample":
-        metrics["set_aside"] = [dict(problem_index=x.problem["index"], **group_figures(cfg, x.group)) for x in set_aside]
+        metrics["set_aside"] = [dict(problem_index=x.problem["index"], **group_figures(cfg, x.group))
+                                for x in set_aside]
     metrics.update(t.credit_method.figures([s.credit for s in slots], [x.credit for x in set_aside]))
     metrics["timings"] = clock.timings
     rollouts, tokens = [], []

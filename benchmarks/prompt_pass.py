@@ -70,7 +70,8 @@ def group(model_dir: Path, tok, task: str):
         fail(f"{path} is missing; python examples/make_smollm2.py {model_dir} --problems-only --task "
              f"{ {'demo': 'addition'}.get(task, task)}" + (" --gsm8k-dir ../shared/data" if task == "gsm8k" else ""))
     problem, response = task_text(task, json.loads(path.read_text())[0])
-    prompt = torch.tensor(tok(T.build_prompt(settings["prompt_template"], problem), add_special_tokens=False)["input_ids"])
+    text = T.build_prompt(settings["prompt_template"], problem)
+    prompt = torch.tensor(tok(text, add_special_tokens=False)["input_ids"])
     body = tok(response, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(settings["eos_token"])]
     responses = [torch.tensor(body) for _ in range(8)]
     for i, r in enumerate(responses):  # 8 different responses
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     rewards = torch.tensor(REWARDS)
     advantages = T.compute_advantages(rewards, 1e-4, zero_variance=T.equal_rewards(rewards))
     report = {"threads": torch.get_num_threads(), "torch": torch.__version__, "tasks": {}}
-    print(f"SmolLM2-135M-Instruct, float32, {torch.get_num_threads()} threads, best of {args.repeats} each, alternating\n")
+    print(f"SmolLM2-135M-Instruct, float32, {torch.get_num_threads()} threads, best of {args.repeats} each, "
+          "alternating\n")
     print("| prompt | prompt tokens | response tokens | per_response s | shared s | shared / per_response | "
           "gradient difference |")
     print("|---|---|---|---|---|---|---|")

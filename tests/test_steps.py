@@ -107,7 +107,8 @@ def _char_group(texts, cut, rewards, check):
     group = T.Group(texts, [T.Score(float(x), None, "correct" if x else "wrong") for x in rewards],
                     [len(x) for x in responses], cut, r, T.equal_rewards(r))
     adv = T.compute_advantages(r, EPS, zero_variance=group.zero_variance)
-    return (1, torch.tensor([1]), responses, group, adv, {"problem": "23 + 4 + 7", "answer": "39", "record": {}}, t), calls
+    problem = {"problem": "23 + 4 + 7", "answer": "39", "record": {}}
+    return (1, torch.tensor([1]), responses, group, adv, problem, t), calls
 
 
 def test_a_last_line_cut_at_max_new_tokens_is_unknown_and_moves_no_other_term():
@@ -556,9 +557,9 @@ def test_a_grounded_steps_run_trains_an_all_wrong_group_on_its_right_line_only(t
     """step_checker grounded through a run on the tiny model, its sampler scripted: four responses to "Tom has 17
     apples and buys 25 more", every answer wrong (rewards 0: the spec's credit has no gradient). Line 0 is "17 + 25 =
     42" (right, grounded in the problem's text: neither number is a unit constant) in response 0 and "= 43" (wrong)
-    in the others: z = +0.75 / (0.5 + 1e-4) = +1.4997 and
-    -0.25 / (0.5 + 1e-4) = -0.4999 on line 0's tokens; the boxed line and a farmed "13 * 7 = 91" (right arithmetic, numbers from nowhere) are
-    unknown and get 0. So the group's gradient is its lines' alone, and no token of a later line moves."""
+    in the others: z = +0.75 / (0.5 + 1e-4) = +1.4997 and -0.25 / (0.5 + 1e-4) = -0.4999 on line 0's tokens; the
+    boxed line and a farmed "13 * 7 = 91" (right arithmetic, numbers from nowhere) are unknown and get 0. So the
+    group's gradient is its lines' alone, and no token of a later line moves."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     data = tmp_path / "tom.json"
