@@ -305,9 +305,10 @@ def test_kl_ppo_resample_and_token_report_give_the_one_process_run_on_two_proces
 CREDITS = {"monte_carlo": ["credit=monte_carlo", "credit_segment_tokens=2", "credit_samples=2",
                            "top_entropy_quantile=0.5"],
            "tree": ["credit=tree", "tree_branching=2,2", "credit_segment_tokens=3", "top_entropy_quantile=0.5"],
-           # each line's verdict from its length (tests/step_checkers.py): the same whichever rank checks it
+           # each line's verdict from its length (tests/step_checkers.py): the same whichever rank checks it;
+           # with the prompt's forward once per group (prompt_pass: shared), on both shardings
            "steps": ["credit=steps", f"step_checker={ROOT / 'tests' / 'step_checkers.py'}:by_length",
-                     "max_new_tokens=12"]}
+                     "max_new_tokens=12", "prompt_pass=shared"]}
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,12 @@ may be at most SHARED_ROUNDING times as far from it as the spec's own float32 gr
 in another order). Per setting that runs the pass: micro-batches, a later PPO epoch's clipped ratio, the KL's
 reference forward, a credit's token advantages with the entropy mask, masked responses, another aggregation,
 bf16 autocast. Then whole runs on the tiny model: problems_per_step with ppo_epochs and kl_coef, credit=steps
-with the entropy mask, torchrun replicate and fsdp, and a SIGKILLed run resumed byte for byte. The default is the
+with the entropy mask; torchrun replicate and fsdp and a SIGKILLed run resumed byte for byte are the steps runs
+of tests/test_distributed.py and tests/test_steps.py, which use this pass. The default is the
 spec's pass, bit for bit (tests/test_variants.py's fixture, tests/default_run.py)."""
 
 import copy
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -191,45 +188,5 @@ def test_a_run_with_the_shared_pass_takes_the_same_rollouts_and_steps(tiny_model
            ("policy_loss", "grad_norm", "update_norm", "kl"))
 
 
-@pytest.mark.parametrize("sharding", ["replicate", "fsdp"])
-def test_two_processes_with_the_shared_pass_take_the_one_process_steps(tiny_model_dir, tiny_data_file, tmp_path,
-                                                                        sharding):
-    runs = {}
-    for name, launch in (("one", [sys.executable]), ("two", [sys.executable, "-m", "torch.distributed.run",
-                                                             "--standalone", "--nproc_per_node", "2"])):
-        runs[name] = tmp_path / name
-        env = dict(os.environ, RLVR_DRIVER=json.dumps({"fake_rewards": True}), PYTHONUNBUFFERED="1")
-        proc = subprocess.run([*launch, str(ROOT / "tests" / "rlvr_driver.py"),
-                               *main_args(tiny_model_dir, tiny_data_file, runs[name], "num_problems=2",
-                                          "learning_rate=1e-3", "prompt_pass=shared", f"sharding={sharding}")],
-                              capture_output=True, text=True, env=env, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = (_jsonl(runs[n] / "rollouts.jsonl") for n in runs)
-    assert [(r["response"], r["reward"]) for r in a] == [(r["response"], r["reward"]) for r in b]
-    ma, mb = (_jsonl(runs[n] / "metrics.jsonl") for n in runs)
-    assert all(m["grad_norm"] > 0 for m in ma)
-    _close(ma, mb, ("policy_loss", "grad_norm", "update_norm"))
-
-
-def test_a_sigkilled_shared_run_resumes_to_the_same_bytes(tiny_model_dir, tiny_data_file, tmp_path):
-    env = dict(os.environ, RLVR_DRIVER=json.dumps({"text_rewards": True}), PYTHONUNBUFFERED="1")
-
-    def drive(out, *extra, kill_when=None):
-        cmd = [sys.executable, str(ROOT / "tests" / "rlvr_driver.py"),
-               *main_args(tiny_model_dir, tiny_data_file, out, "num_problems=4", "save_every=1", "learning_rate=1e-3",
-                          "prompt_pass=shared", *extra)]
-        if kill_when is None:
-            return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300).returncode
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        for line in proc.stderr:
-            if kill_when in line:
-                proc.send_signal(signal.SIGKILL)
-                break
-        return proc.wait(timeout=60)
-
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    assert drive(whole) == 0
-    assert drive(cut, kill_when="[step 3] rewards") == -signal.SIGKILL
-    assert drive(cut, "resume=auto") == 0
-    for name in ("rollouts.jsonl", "final/model.safetensors"):
-        assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
+# Two processes with the shared pass: tests/test_distributed.py's steps cases (replicate and fsdp); SIGKILL and
+# resume with it: tests/test_steps.py's (both run prompt_pass=shared).

@@ -133,7 +133,7 @@ def test_readme_commands_gpu_plain_cpu_index_and_ci_runs_the_test_command():
     assert blocks[0].strip() == "pip install -r requirements.txt && python train_rlvr.py"
     test_command = blocks[1].strip()
     assert "--index-url https://download.pytorch.org/whl/cpu" in test_command and test_command.endswith(
-        "python -m pytest -q")
+        "python -m pytest -q -n 2")
     ci = (ROOT / ".ci" / "run").read_text()
     assert test_command in ci  # CI runs exactly the README's test command
     assert re.search(r"^transformers>=5\.\d+(\.\d+)?,<5\.\d+", (ROOT / "requirements.txt").read_text(), re.M)

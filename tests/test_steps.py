@@ -356,7 +356,7 @@ def _drive(model_dir, data, out, *extra, kill_when=None):
     env = dict(os.environ, RLVR_DRIVER=json.dumps({"text_rewards": True, "writes_lines": True}), PYTHONUNBUFFERED="1")
     cmd = [sys.executable, str(ROOT / "tests" / "rlvr_driver.py"),
            *main_args(model_dir, data, out, "num_problems=4", "save_every=1", "learning_rate=1e-3", "credit=steps",
-                      f"step_checker={CHECKERS}:by_length", *extra)]
+                      f"step_checker={CHECKERS}:by_length", "prompt_pass=shared", *extra)]
     if kill_when is None:
         return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300).returncode
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
@@ -369,7 +369,8 @@ def _drive(model_dir, data, out, *extra, kill_when=None):
 
 def test_a_sigkilled_steps_run_resumes_to_the_same_bytes(tiny_model_dir, tiny_data_file, tmp_path):
     """Killed in step 3's backward, resumed from step 2's checkpoint: rollouts.jsonl (with every line's verdict and
-    token advantage) and the final weights are the uninterrupted run's, byte for byte."""
+    token advantage) and the final weights are the uninterrupted run's, byte for byte. With prompt_pass: shared (the
+    GSM8K yaml's pass): one run covers both settings' resume, the spec's pass is test_checkpoints'."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert _drive(tiny_model_dir, tiny_data_file, whole) == 0
     assert _drive(tiny_model_dir, tiny_data_file, cut, kill_when="[step 3] rewards") == -signal.SIGKILL
