@@ -1188,7 +1188,7 @@ def training_checks(cfg: Config) -> list[tuple[str, bool, str]]:
 
 
 def run_checks(cfg: Config) -> list[tuple[str, bool, str]]:
-    """The run's other settings (seed, device, files, trackers, evaluation), as step_checks gives them."""
+    """The run's other settings (seed, device, files, trackers, evaluation), as training_checks gives them."""
     return [
         ("seed", 0 <= cfg.seed < 2**63, "an integer in [0, 2**63) (torch's seeds are 64-bit)"),
         ("compile", cfg.compile in ("auto", "true", "false"), "auto, true or false"),
