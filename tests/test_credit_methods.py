@@ -947,3 +947,32 @@ def test_the_modes_that_read_rollouts_say_a_damaged_one_in_one_line_before_the_f
     assert e.value.code == 2
     assert one_line_error(capsys) == (f"error: {rollouts} {why}: the file is damaged; run it again, or move "
                                       f"{rollouts.parent} out of --out")
+
+
+def test_the_gsm8k_dev_table_in_the_docs_is_the_committed_record():
+    """docs/variants.md's GSM8K section is benchmarks/gsm8k_dev.json: each dev run a row (greedy before -> after on
+    100 dev problems, change, McNemar p with the improved / regressed problems, steps with a gradient, the steps
+    run's all-wrong groups with a gradient, tokens, step seconds) and the steps run's line figures in the text."""
+    record = json.loads((ROOT / "benchmarks" / "gsm8k_dev.json").read_text())["runs"]
+    text = (ROOT / "docs" / "variants.md").read_text().split("### Measured: checked steps on GSM8K")[1]
+    text = text.split("\n### ")[0]
+    rows = set(text.splitlines())
+    assert sorted((r["method"], r["settings"][0]) for r in record) == [
+        ("sequence", "learning_rate=1e-5"), ("sequence", "learning_rate=3e-6"), ("steps_grounded", "learning_rate=3e-6")]
+    for r in record:
+        b, a, p, lines = r["greedy"]["before"], r["greedy"]["after"], r["paired"], r.get("lines")
+        assert (lines is None) is (r["method"] == "sequence") and b["n"] == a["n"] == 100
+        groups = "-" if lines is None else f"{lines['all_wrong_groups_with_gradient']}/{lines['all_wrong_groups']}"
+        row = (f"| {r['method']} | {r['settings'][0]} | {b['correct']}/100 -> {a['correct']}/100 | "
+               f"{100 * (a['accuracy'] - b['accuracy']):+.1f} | {p['mcnemar_p']:.2g} ({p['improved']} / "
+               f"{p['regressed']}) | {r['nonzero_gradient_steps']}/{r['steps']} | "
+               f"{groups} | "
+               f"{r['generated_tokens']:,} | {r['step_seconds']:.0f} |")
+        assert row in rows, row
+    lines = next(r["lines"] for r in record if r.get("lines"))
+    first, last = lines["first"], lines["last"]
+    assert (f"rose from {100 * first['right_share']:.1f} % over the first 10 steps to {100 * last['right_share']:.1f} "
+            f"% over the last 10, and the checked lines per response from {first['checked_per_response']:.2f} to "
+            f"{last['checked_per_response']:.2f}; the responses with no checked line fell from "
+            f"{100 * first['responses_unchecked']:.1f} % to {100 * last['responses_unchecked']:.1f} %") in " ".join(
+        text.split())
