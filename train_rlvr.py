@@ -2405,12 +2405,9 @@ class SharedPrompt:
 
 def shared_prompt(model, prompt_ids: torch.Tensor, amp) -> SharedPrompt:
     """The prompt's forward for prompt_pass: shared (under torch.no_grad, as for the KL's frozen reference, the
-    leaves are plain copies)."""
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
-    with amp:
-        last = model(prompt_ids[None], **{cache_arg(model): cache}, use_cache=True, logits_to_keep=1).logits[0, -1]
-    outputs = [t for layer in cache.layers for t in (layer.keys, layer.values)] + [last]
+    leaves are plain copies). The sampler's prompt pass (shared_prompt_state), here with its graph."""
+    cache, last = shared_prompt_state(model, prompt_ids, amp)
+    outputs = [t for layer in cache.layers for t in (layer.keys, layer.values)] + [last[0]]
     return SharedPrompt(outputs, [t.detach().float().requires_grad_(torch.is_grad_enabled()) for t in outputs])
 
 
